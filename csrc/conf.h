@@ -1,0 +1,75 @@
+/*
+ * conf.h -- the allocator configuration grammar, in plain C.
+ *
+ * Tokenises a configuration string exactly as PyTorch's ConfigTokenizer
+ * does (separators ',' ':' '[' ']', whitespace dropped), validates the
+ * keys PyTorch knows, keeps unknown keys verbatim, and serialises the
+ * result canonically ("key:value,key:[a:b,c:d]").  No Python here, so the
+ * fuzzer in fuzz/ links this file alone.
+ */
+#ifndef ALLOCCONF_CONF_H
+#define ALLOCCONF_CONF_H
+
+#include <stddef.h>
+
+/* One "key:value" entry; a list value is stored as "[a:b,c:d]". */
+typedef struct {
+    char *key;
+    char *value;
+    size_t key_offset;
+    size_t value_offset;
+} ac_entry;
+
+/* A parsed configuration: entries in the order written, duplicates kept
+ * (PyTorch applies them in order, so the later one wins). */
+typedef struct {
+    ac_entry *items;
+    size_t len;
+    size_t cap;
+} ac_conf;
+
+enum { AC_ERR_TEXT = 64, AC_ERR_MESSAGE = 160 };
+
+/* Where and why a string was rejected.  `key` is empty when the fault is
+ * not inside an entry (a stray separator, say). */
+typedef struct {
+    size_t offset;
+    int nomem;
+    char key[AC_ERR_TEXT];
+    char text[AC_ERR_TEXT];
+    char message[AC_ERR_MESSAGE];
+} ac_error;
+
+/* Parse s[0:n] into *out (which must be empty), checking each known
+ * key's value and the rules between keys.  Returns 0, or -1 with *err
+ * filled and *out left empty. */
+int ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err);
+
+/* Parse the single value `value` for `key`, as if written "key:value".
+ * On success *norm is a malloc'd canonical value (the caller frees it).
+ * Returns 0, or -1 with *err filled (offsets relative to the value). */
+int ac_value_parse(const char *key, const char *value, char **norm,
+                   ac_error *err);
+
+/* Set `key` to `value` (already canonical): the first occurrence keeps its
+ * place, later duplicates go; a new key is appended; value NULL removes
+ * every occurrence.  Returns 0, or -1 when out of memory. */
+int ac_conf_set(ac_conf *c, const char *key, const char *value);
+
+/* The value in force for `key` (its last occurrence), or NULL. */
+const char *ac_conf_get(const ac_conf *c, const char *key);
+
+/* Canonical string of c, leaving out entries named `skip_key` (may be
+ * NULL).  Returns a malloc'd string, or NULL when out of memory. */
+char *ac_conf_serialise(const ac_conf *c, const char *skip_key);
+
+/* Deep copy src into dst (which must be empty).  0, or -1 on no memory. */
+int ac_conf_copy(ac_conf *dst, const ac_conf *src);
+
+/* Free every entry and leave c empty and reusable. */
+void ac_conf_clear(ac_conf *c);
+
+/* 1 when `key` is one PyTorch's allocator documents, else 0. */
+int ac_key_is_known(const char *key);
+
+#endif /* ALLOCCONF_CONF_H */

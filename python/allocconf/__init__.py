@@ -1,0 +1,270 @@
+"""allocconf: PyTorch's expandable segments on at import, nothing lost.
+
+``import allocconf`` (before or after ``import torch``) turns on
+``expandable_segments`` for torch's CUDA caching allocator through torch's
+own run-time setter, carrying every other setting the user made.  It never
+imports torch, never initialises CUDA and never changes ``os.environ``.
+
+``with allocconf.ipc_safe():`` holds expandable segments off, so that the
+tensors allocated inside can be shared by classic CUDA IPC, and restores
+the previous configuration when the last window closes.
+
+The work is done by the C extension ``allocconf._C``; this module is the
+public face and the import-time activation.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+from allocconf import _C
+from allocconf._C import AllocConfError, AllocConfWarning, merge, parse
+
+__version__ = "0.1.0"
+__all__ = [
+    "AllocConfError",
+    "AllocConfWarning",
+    "Status",
+    "check_ipc",
+    "configure",
+    "expandable_segments",
+    "ipc_capable",
+    "ipc_safe",
+    "merge",
+    "parse",
+    "status",
+]
+
+TYPE_CHECKING = False  # typing costs import time; only checkers need it
+if TYPE_CHECKING:
+    from types import ModuleType, TracebackType
+    from typing import Any, Callable, List, Mapping, Optional, Type
+    from typing import TypeVar, Union
+
+    from allocconf._status import Status
+
+    F = TypeVar("F", bound=Callable[..., Any])
+
+
+def status() -> Status:
+    """What allocconf did and why: an :class:`allocconf.Status`."""
+    from allocconf._status import Status
+
+    return Status(**_C.status())
+
+
+def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
+    """Merge settings into the allocator configuration and write it.
+
+    ``conf`` is a configuration string (``"max_split_size_mb:512"``) and
+    each keyword overrides one key (``expandable_segments=True``,
+    ``roundup_power2_divisions={256: 1, ">": 8}``; ``None`` removes a key).
+    Everything already configured is kept.  The full result is written to
+    torch at once, or when torch is imported, and returned.  Open windows
+    keep holding expandable segments as they do until they close.
+
+    Raises :class:`AllocConfError` naming the key and offset of a bad
+    setting, with nothing changed.
+    """
+    result: str = _C.configure(conf, **overrides)
+    _log("configure(): now %r", result)
+    return result
+
+
+class expandable_segments:
+    """Hold expandable segments at ``enabled`` inside a ``with`` block.
+
+    A context manager and a decorator (plain or ``async`` functions).
+    Windows nest and may be opened from any thread: expandable segments
+    stay off while any ``ipc_safe()`` / ``expandable_segments(False)``
+    window is open anywhere in the process, and the configuration from
+    before the outermost window comes back, string for string, when the
+    last one closes, also when the block raises.  A window opened before
+    torch is imported holds when torch arrives.
+
+    Only new allocations follow the setting: tensors allocated before the
+    window stay where they are.
+    """
+
+    __slots__ = ("_enabled",)
+
+    def __init__(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(
+                "allocconf.expandable_segments() takes True or False, "
+                f"not {enabled!r}"
+            )
+        self._enabled = enabled
+
+    def __enter__(self) -> expandable_segments:
+        _C._window_enter(self._enabled)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        _C._window_exit(self._enabled)
+
+    def __call__(self, func: F) -> F:
+        import functools
+        import inspect
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await func(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"allocconf.expandable_segments({self._enabled})"
+
+
+_IPC_SAFE = expandable_segments(False)
+
+
+def ipc_safe() -> expandable_segments:
+    """``expandable_segments(False)``: a window whose new CUDA allocations
+    can be shared by classic CUDA IPC (``cudaIpcGetMemHandle``).
+
+    Use it to pack weights for a sync::
+
+        with allocconf.ipc_safe():
+            flat = torch.cat([p.detach().flatten() for p in params])
+        handle = reductions.reduce_tensor(flat)
+    """
+    return _IPC_SAFE
+
+
+def ipc_capable(tensor: Any) -> bool:
+    """Whether ``tensor``'s memory can be shared by classic CUDA IPC.
+
+    Asked of the CUDA driver (``CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_
+    CAPABLE``) for the tensor's storage: False for memory in an expandable
+    segment.  Raises ValueError for a tensor that is not on a CUDA device
+    or has no memory, RuntimeError when the driver cannot tell.
+    """
+    device = getattr(tensor, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        raise ValueError(
+            f"allocconf.ipc_capable: expected a CUDA tensor, got one on "
+            f"{device}"
+        )
+    ptr = tensor.untyped_storage().data_ptr()
+    if ptr == 0:
+        raise ValueError("allocconf.ipc_capable: the tensor has no memory")
+    capable: bool = _C._pointer_ipc_capable(ptr)
+    return capable
+
+
+def check_ipc(tensors: Union[Mapping[str, Any], Any]) -> None:
+    """Raise ValueError listing every tensor that classic CUDA IPC cannot
+    share; return None when all can.
+
+    ``tensors`` is a mapping of names to tensors (a state dict) or an
+    iterable of tensors, reported by position.
+    """
+    if hasattr(tensors, "items"):
+        named = [(repr(str(k)), t) for k, t in tensors.items()]
+    else:
+        named = [(f"#{i}", t) for i, t in enumerate(tensors)]
+    bad: List[str] = []
+    for name, t in named:
+        try:
+            if ipc_capable(t):
+                continue
+            why = "in an expandable segment"
+        except ValueError as exc:
+            why = str(exc).replace("allocconf.ipc_capable: ", "")
+        bad.append(
+            f"{name} ({str(t.dtype).replace('torch.', '')}"
+            f"{list(t.shape)} on {t.device}: {why})"
+        )
+    if bad:
+        raise ValueError(
+            f"allocconf.check_ipc: {len(bad)} of {len(named)} tensors cannot "
+            f"be shared by classic CUDA IPC: {', '.join(bad)}. They were "
+            f"most likely allocated before the allocconf.ipc_safe() window: "
+            f"allocate or copy them inside it."
+        )
+
+
+def __getattr__(name: str) -> Any:
+    # Status lives in its own module, loaded on first use: dataclasses
+    # would add milliseconds to every `import allocconf`.
+    if name == "Status":
+        from allocconf._status import Status
+
+        return Status
+    raise AttributeError(f"module 'allocconf' has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------
+# Import-time activation
+# ---------------------------------------------------------------------------
+
+
+def _log(msg: str, *args: Any) -> None:
+    """Log to the "allocconf" logger, importing logging only when torch
+    (which imports it anyway) or the user already has."""
+    if "logging" in sys.modules:
+        import logging
+
+        logging.getLogger("allocconf").info(msg, *args)
+
+
+def _warn(messages: List[str]) -> None:
+    for message in messages:
+        warnings.warn(message, AllocConfWarning, stacklevel=3)
+
+
+def _on_torch(torch: ModuleType) -> None:
+    """Attach to torch; warn, never raise, on problems."""
+    _C._trace("torch import finished: attaching")
+    try:
+        _warn(_C._attach(torch))
+    except Exception as exc:  # never break the user's `import torch`
+        warnings.warn(
+            f"allocconf: could not attach to torch: {exc!r}; the allocator "
+            f"was left as it was",
+            AllocConfWarning,
+            stacklevel=2,
+        )
+        return
+    st = _C.status()
+    _log("%s; config %r via %s", st["reason"], st["config"], st["api"])
+
+
+def _activate() -> None:
+    _warn(_C._load_environ())
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "_C"):
+        _C._trace("torch already imported: attaching now")
+        _on_torch(torch)
+    else:
+        from allocconf import _hook
+
+        _hook.install(_on_torch)
+        _C._trace("waiting for `import torch` (sys.meta_path hook installed)")
+
+
+try:
+    _activate()
+except Exception as _exc:  # import-time problems warn, never raise
+    warnings.warn(
+        f"allocconf: import-time activation failed: {_exc!r}",
+        AllocConfWarning,
+        stacklevel=2,
+    )

@@ -1,0 +1,4 @@
+"""python -m allocconf: print allocconf's status."""
+from allocconf import status
+
+print(status())

@@ -1,0 +1,42 @@
+"""allocconf.Status: what allocconf did, and why (see allocconf.status)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Optional
+
+
+@dataclass(frozen=True)
+class Status:
+    """A snapshot of allocconf's state, from :func:`allocconf.status`.
+
+    Attributes:
+        applied: allocconf has written to torch's allocator in this process.
+        reason: why expandable segments are (or are not) on, in words.
+        expandable_segments: the value in force, or that will be once torch
+            is imported; None where allocconf does not manage it (a backend
+            or platform without expandable segments, a malformed variable).
+        config: the full string last written to torch, or that will be; the
+            user's own string where allocconf writes nothing.
+        source: where the user's configuration came from: the variable's
+            name, "torch" (read live from torch), or None.
+        api: the torch function used to write, once torch is imported.
+        torch_imported: torch has been imported and seen by allocconf.
+        window_depth: how many expandable_segments()/ipc_safe() windows are
+            open, in all threads.
+        user_config: the user's own configuration, before allocconf's
+            default is merged in.
+    """
+
+    applied: bool
+    reason: str
+    expandable_segments: Optional[bool]
+    config: Optional[str]
+    source: Optional[str]
+    api: Optional[str]
+    torch_imported: bool
+    window_depth: int
+    user_config: Optional[str]
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields as a plain dict (for JSON)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,67 @@
+"""Helpers shared by the CPU and GPU suites: run a script in a fresh
+Python process (process-wide state: environment, import order, fork) and
+read back what it printed as JSON."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any, Dict, Mapping, Optional
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# Variables that steer torch's allocator or allocconf: scrubbed from every
+# child so that each test states the environment it means.
+STEERING = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "ALLOCCONF_AUTO",
+    "ALLOCCONF_DEBUG",
+)
+
+PRELUDE = f"""
+import json, sys, warnings
+sys.path.insert(0, {TESTS_DIR!r})
+warnings.simplefilter("error")
+"""
+
+
+def child_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if k not in STEERING}
+    base.update(env or {})
+    return base
+
+
+def run_script(
+    code: str,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 120,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run `code` (dedented, after PRELUDE: warnings are errors) in a new
+    interpreter.  Raises AssertionError with its output when it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"child failed ({proc.returncode}):\n--- stdout\n{proc.stdout}"
+            f"\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def run_json(code: str, env: Optional[Mapping[str, str]] = None,
+             timeout: float = 120) -> Any:
+    """run_script, then the JSON on the last line of its stdout."""
+    proc = run_script(code, env=env, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"child printed nothing; stderr:\n{proc.stderr}"
+    return json.loads(lines[-1])
