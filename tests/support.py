@@ -36,15 +36,17 @@ def child_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 
 
 def run_script(
-    code: str,
+    *parts: str,
     env: Optional[Mapping[str, str]] = None,
     timeout: float = 120,
     check: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Run `code` (dedented, after PRELUDE: warnings are errors) in a new
-    interpreter.  Raises AssertionError with its output when it fails."""
+    """Run the code `parts` (each dedented, joined, after PRELUDE: warnings
+    are errors) in a new interpreter.  Raises AssertionError with its
+    output when it fails and `check` is true."""
+    code = PRELUDE + "\n".join(textwrap.dedent(p) for p in parts)
     proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        [sys.executable, "-c", code],
         env=child_env(env),
         capture_output=True,
         text=True,
@@ -58,10 +60,10 @@ def run_script(
     return proc
 
 
-def run_json(code: str, env: Optional[Mapping[str, str]] = None,
+def run_json(*parts: str, env: Optional[Mapping[str, str]] = None,
              timeout: float = 120) -> Any:
     """run_script, then the JSON on the last line of its stdout."""
-    proc = run_script(code, env=env, timeout=timeout)
+    proc = run_script(*parts, env=env, timeout=timeout)
     lines = proc.stdout.strip().splitlines()
     assert lines, f"child printed nothing; stderr:\n{proc.stderr}"
     return json.loads(lines[-1])

@@ -230,41 +230,41 @@ def _warn(messages: List[str]) -> None:
         warnings.warn(message, AllocConfWarning, stacklevel=3)
 
 
-def _on_torch(torch: ModuleType) -> None:
-    """Attach to torch; warn, never raise, on problems."""
-    _C._trace("torch import finished: attaching")
+def _attach(torch: ModuleType) -> List[str]:
+    """Attach to torch; return the warnings to give (never raises)."""
+    _C._trace("attaching to torch")
     try:
-        _warn(_C._attach(torch))
+        messages: List[str] = _C._attach(torch)
     except Exception as exc:  # never break the user's `import torch`
-        warnings.warn(
-            f"allocconf: could not attach to torch: {exc!r}; the allocator "
-            f"was left as it was",
-            AllocConfWarning,
-            stacklevel=2,
-        )
-        return
+        return [f"allocconf: could not attach to torch: {exc!r}; the "
+                f"allocator was left as it was"]
     st = _C.status()
     _log("%s; config %r via %s", st["reason"], st["config"], st["api"])
+    return messages
 
 
-def _activate() -> None:
-    _warn(_C._load_environ())
+def _on_torch(torch: ModuleType) -> None:
+    """The hook's callback, run when `import torch` finishes."""
+    _warn(_attach(torch))
+
+
+def _activate() -> List[str]:
+    """Read the environment, then attach now or when torch is imported.
+    Returns the warnings to give."""
+    messages: List[str] = _C._load_environ()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "_C"):
-        _C._trace("torch already imported: attaching now")
-        _on_torch(torch)
-    else:
-        from allocconf import _hook
+        return messages + _attach(torch)
+    from allocconf import _hook
 
-        _hook.install(_on_torch)
-        _C._trace("waiting for `import torch` (sys.meta_path hook installed)")
+    _hook.install(_on_torch)
+    _C._trace("waiting for `import torch` (sys.meta_path hook installed)")
+    return messages
 
 
 try:
-    _activate()
+    _messages = _activate()
 except Exception as _exc:  # import-time problems warn, never raise
-    warnings.warn(
-        f"allocconf: import-time activation failed: {_exc!r}",
-        AllocConfWarning,
-        stacklevel=2,
-    )
+    _messages = [f"allocconf: import-time activation failed: {_exc!r}"]
+_warn(_messages)
+del _messages

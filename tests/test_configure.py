@@ -1,0 +1,133 @@
+"""allocconf.configure(): merge, write, and leave everything as it was on
+bad input."""
+import pytest
+
+from support import run_json
+
+CONFIGURE = """
+import recorder; recorder.install()
+import allocconf, torch
+{body}
+print(json.dumps({{"calls": recorder.CALLS, "live": recorder.live(),
+                   "status": allocconf.status().as_dict(), "out": out}}))
+"""
+
+
+def run(body, env=None):
+    return run_json(CONFIGURE.format(body=body), env=env)
+
+
+def test_configure_merges_into_the_users_configuration():
+    out = run("out = allocconf.configure('garbage_collection_threshold:0.6', "
+              "max_split_size_mb=128)",
+              env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    want = ("max_split_size_mb:128,garbage_collection_threshold:0.6,"
+            "expandable_segments:True")
+    assert out["out"] == want
+    assert out["calls"][-1] == want
+    assert out["live"] == want
+    assert out["status"]["user_config"] == (
+        "max_split_size_mb:128,garbage_collection_threshold:0.6")
+    assert "configure()" in out["status"]["reason"]
+
+
+def test_configure_expandable_segments_false_is_the_users_choice():
+    out = run("out = allocconf.configure(expandable_segments=False)")
+    assert out["out"] == "expandable_segments:False"
+    assert out["live"] == "expandable_segments:False"
+    assert out["status"]["expandable_segments"] is False
+
+
+def test_configure_none_removes_a_key():
+    out = run("out = allocconf.configure(max_split_size_mb=None)",
+              env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert out["out"] == "expandable_segments:True"
+
+
+def test_configure_with_nothing_new_writes_nothing_more():
+    out = run("out = allocconf.configure()")
+    assert out["calls"] == ["expandable_segments:True"]
+
+
+@pytest.mark.parametrize("call, key, offset", [
+    ("allocconf.configure('max_split_size_mb:5')", "max_split_size_mb", 18),
+    ("allocconf.configure(garbage_collection_threshold=2)",
+     "garbage_collection_threshold", 29),
+    ("allocconf.configure('expandable_segments:yes')",
+     "expandable_segments", 20),
+])
+def test_bad_input_raises_and_changes_nothing(call, key, offset):
+    out = run(f"""
+before = allocconf.status().as_dict()
+try:
+    {call}
+    out = None
+except allocconf.AllocConfError as exc:
+    out = [exc.key, exc.offset, str(exc)]
+assert allocconf.status().as_dict() == before
+""", env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert out["out"][:2] == [key, offset]
+    assert out["calls"] == ["max_split_size_mb:64,expandable_segments:True"]
+    assert out["live"] == "max_split_size_mb:64,expandable_segments:True"
+
+
+def test_backend_cannot_change_at_run_time():
+    out = run("""
+try:
+    allocconf.configure(backend="cudaMallocAsync")
+    out = None
+except allocconf.AllocConfError as exc:
+    out = str(exc)
+""")
+    assert "torch reads it once" in out["out"]
+    assert out["calls"] == ["expandable_segments:True"]
+
+
+def test_torch_refusing_a_configure_write_rolls_back():
+    out = run("""
+recorder.REJECT.add("max_split_size_mb:256,expandable_segments:True")
+try:
+    allocconf.configure(max_split_size_mb=256)
+    out = None
+except ValueError as exc:
+    out = str(exc)
+out = [out, allocconf.configure()]
+""")
+    assert out["out"][0].startswith("recorder refused")
+    assert out["out"][1] == "expandable_segments:True"
+    assert out["live"] == "expandable_segments:True"
+
+
+def test_configure_before_torch_is_written_when_torch_arrives():
+    out = run_json("""
+        import recorder; recorder.install()
+        import allocconf
+        allocconf.configure(max_split_size_mb=256)
+        import torch
+        print(json.dumps(recorder.CALLS))
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert out == ["max_split_size_mb:256,expandable_segments:True"]
+
+
+def test_configure_inside_a_window_takes_effect_when_it_closes():
+    out = run("""
+with allocconf.ipc_safe():
+    out = allocconf.configure(max_split_size_mb=96)
+    inside = recorder.live()
+assert inside == "max_split_size_mb:96,expandable_segments:False", inside
+""")
+    assert out["out"] == "max_split_size_mb:96,expandable_segments:True"
+    assert out["live"] == "max_split_size_mb:96,expandable_segments:True"
+
+
+def test_configure_refuses_to_merge_into_a_malformed_variable():
+    out = run_json("""
+        warnings.simplefilter("ignore")  # the import-time warning
+        import allocconf, torch
+        try:
+            allocconf.configure(max_split_size_mb=64)
+        except allocconf.AllocConfError as exc:
+            print(json.dumps(str(exc)))
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:1"})
+    assert "PYTORCH_CUDA_ALLOC_CONF is malformed" in out
+    assert "fix it before configure()" in out
