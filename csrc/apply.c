@@ -389,6 +389,9 @@ sync_locked(ac_state *st, const char *why)
         target == NULL) {
         return 0;
     }
+    if (target == st->in_force) {
+        return 0;
+    }
     if (st->in_force != NULL) {
         same = PyUnicode_Compare(target, st->in_force);
         if (same == -1 && PyErr_Occurred()) {
@@ -650,8 +653,8 @@ lookup(PyObject *obj, const char *dotted)
 /* The configuration string torch holds now, where it can tell without
  * initialising CUDA: the 2.13+ getter, or the snapshot's record once
  * CUDA is already up.  A new str, or NULL with no exception set. */
-static PyObject *
-read_live(PyObject *torch)
+PyObject *
+ac_read_live(PyObject *torch)
 {
     PyObject *f, *r = NULL, *settings = NULL;
     static const char *const keys[] = {"PYTORCH_CUDA_ALLOC_CONF",
@@ -857,7 +860,7 @@ attach_locked(ac_state *st, PyObject *torch, PyObject *warnings)
         return -1;
     }
     Py_XSETREF(st->torch_version, lookup(torch, "__version__"));
-    live = read_live(torch);
+    live = ac_read_live(torch);
     if (live != NULL && !st->configured &&
         adopt_live_locked(st, live, warnings) < 0) {
         Py_DECREF(live);

@@ -91,6 +91,11 @@ PyObject *ac_load_environ(ac_state *st);
  * or NULL with an exception set (nothing changed in that case). */
 PyObject *ac_attach(ac_state *st, PyObject *torch);
 
+/* The configuration string torch holds now, where it can tell without
+ * initialising CUDA (the 2.13+ getter; the snapshot once CUDA is up).  A
+ * new str, or NULL with no exception set when torch cannot tell. */
+PyObject *ac_read_live(PyObject *torch);
+
 /* Merge `conf` (str or NULL) and `overrides` (dict or NULL) into the
  * user's configuration and write it.  Returns the new configuration as a
  * new str, or NULL with an exception set and the state unchanged. */

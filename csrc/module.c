@@ -160,7 +160,146 @@ attach(PyObject *module, PyObject *torch)
     return ac_attach(get_state(module), torch);
 }
 
-/* Shared by the two window entry points: 0 or -1. */
+PyDoc_STRVAR(live_config_doc,
+"_live_config(torch, /)\n--\n\n"
+"The configuration string torch holds, or None where it cannot tell\n"
+"without initialising CUDA.");
+
+static PyObject *
+live_config(PyObject *module, PyObject *torch)
+{
+    PyObject *r = ac_read_live(torch);
+    (void)module;
+    if (r == NULL) {
+        Py_RETURN_NONE;
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* Window: the context manager behind expandable_segments()/ipc_safe()   */
+/* ------------------------------------------------------------------ */
+
+/* In C so that `with` calls __enter__/__exit__ without a Python frame:
+ * a window then costs little more than the two setter calls it makes. */
+typedef struct {
+    PyObject_HEAD
+    int enabled;
+} window_object;
+
+static int
+window_init(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"enabled", NULL};
+    PyObject *enabled;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:expandable_segments",
+                                     kwlist, &enabled)) {
+        return -1;
+    }
+    if (!PyBool_Check(enabled)) {
+        PyErr_Format(PyExc_TypeError,
+                     "allocconf.expandable_segments() takes True or False, "
+                     "not %R",
+                     enabled);
+        return -1;
+    }
+    ((window_object *)self)->enabled = enabled == Py_True;
+    return 0;
+}
+
+static PyObject *
+window_enter(PyObject *self, PyTypeObject *defining_class,
+             PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    ac_state *st = PyType_GetModuleState(defining_class);
+
+    (void)args;
+    if (nargs != 0 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
+        return NULL;
+    }
+    if (ac_window(st, ((window_object *)self)->enabled, 1) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(self);
+}
+
+static PyObject *
+window_exit(PyObject *self, PyTypeObject *defining_class,
+            PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    ac_state *st = PyType_GetModuleState(defining_class);
+
+    (void)args;
+    (void)nargs; /* exc_type, exc, tb: the window closes whatever happened */
+    (void)kwnames;
+    if (ac_window(st, ((window_object *)self)->enabled, 0) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE; /* falsy: an exception propagates */
+}
+
+static PyObject *
+window_get_enabled(PyObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(((window_object *)self)->enabled);
+}
+
+static int
+window_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self)); /* a heap type's instances own a reference */
+    return 0;
+}
+
+static void
+window_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef window_methods[] = {
+    {"__enter__", (PyCFunction)(void (*)(void))window_enter,
+     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
+     PyDoc_STR("Open the window.")},
+    {"__exit__", (PyCFunction)(void (*)(void))window_exit,
+     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
+     PyDoc_STR("Close the window; exceptions propagate.")},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef window_getset[] = {
+    {"enabled", window_get_enabled, NULL,
+     PyDoc_STR("The value held while the window is open."), NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot window_slots[] = {
+    {Py_tp_doc, (void *)PyDoc_STR(
+         "Window(enabled)\n--\n\n"
+         "Holds expandable segments at `enabled` while open (the base of\n"
+         "allocconf.expandable_segments).")},
+    {Py_tp_init, window_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_methods, window_methods},
+    {Py_tp_getset, window_getset},
+    {Py_tp_traverse, window_traverse},
+    {Py_tp_dealloc, window_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec window_spec = {
+    .name = "allocconf._C.Window",
+    .basicsize = sizeof(window_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = window_slots,
+};
+
+/* Shared by the two function entry points: 0 or -1. */
 static int
 window(PyObject *module, PyObject *enabled, int enter)
 {
@@ -171,12 +310,12 @@ window(PyObject *module, PyObject *enabled, int enter)
     return ac_window(get_state(module), on, enter);
 }
 
-PyDoc_STRVAR(window_enter_doc,
+PyDoc_STRVAR(window_open_doc,
 "_window_enter(enabled, /)\n--\n\n"
 "Open a window holding expandable segments at `enabled`.");
 
 static PyObject *
-window_enter(PyObject *module, PyObject *enabled)
+window_open(PyObject *module, PyObject *enabled)
 {
     if (window(module, enabled, 1) < 0) {
         return NULL;
@@ -184,12 +323,12 @@ window_enter(PyObject *module, PyObject *enabled)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(window_exit_doc,
+PyDoc_STRVAR(window_close_doc,
 "_window_exit(enabled, /)\n--\n\n"
 "Close a window opened with the same `enabled`.");
 
 static PyObject *
-window_exit(PyObject *module, PyObject *enabled)
+window_close(PyObject *module, PyObject *enabled)
 {
     if (window(module, enabled, 0) < 0) {
         return NULL;
@@ -283,8 +422,9 @@ static PyMethodDef methods[] = {
      pointer_ipc_capable_doc},
     {"_load_environ", load_environ, METH_NOARGS, load_environ_doc},
     {"_attach", attach, METH_O, attach_doc},
-    {"_window_enter", window_enter, METH_O, window_enter_doc},
-    {"_window_exit", window_exit, METH_O, window_exit_doc},
+    {"_live_config", live_config, METH_O, live_config_doc},
+    {"_window_enter", window_open, METH_O, window_open_doc},
+    {"_window_exit", window_close, METH_O, window_close_doc},
     {"_trace", trace, METH_O, trace_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -302,7 +442,8 @@ static int
 module_exec(PyObject *m)
 {
     ac_state *st = get_state(m);
-    PyObject *defaults;
+    PyObject *defaults, *window_type;
+    int rc;
 
 #if PY_VERSION_HEX < 0x030D0000
     st->mutex = PyThread_allocate_lock();
@@ -329,6 +470,15 @@ module_exec(PyObject *m)
     }
     st->auto_on = 1;
     st->base_es = -1;
+    window_type = PyType_FromModuleAndSpec(m, &window_spec, NULL);
+    if (window_type == NULL) {
+        return -1;
+    }
+    rc = PyModule_AddObjectRef(m, "Window", window_type);
+    Py_DECREF(window_type);
+    if (rc < 0) {
+        return -1;
+    }
     if (PyModule_AddObjectRef(m, "AllocConfError", st->error_type) < 0 ||
         PyModule_AddObjectRef(m, "AllocConfWarning", st->warning_type) <
             0) {

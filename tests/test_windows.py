@@ -14,7 +14,10 @@ import allocconf
 from support import run_json
 
 torch = pytest.importorskip("torch")
-live = torch._C._accelerator_getAllocatorSettings
+live = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+if live is None:  # pragma: no cover - the GPU suite covers older torch
+    pytest.skip("torch < 2.13 has no allocator getter to read back",
+                allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)

@@ -37,7 +37,7 @@ __all__ = [
 
 TYPE_CHECKING = False  # typing costs import time; only checkers need it
 if TYPE_CHECKING:
-    from types import ModuleType, TracebackType
+    from types import ModuleType
     from typing import Any, Callable, List, Mapping, Optional, Type
     from typing import TypeVar, Union
 
@@ -71,7 +71,7 @@ def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
     return result
 
 
-class expandable_segments:
+class expandable_segments(_C.Window):
     """Hold expandable segments at ``enabled`` inside a ``with`` block.
 
     A context manager and a decorator (plain or ``async`` functions).
@@ -83,30 +83,11 @@ class expandable_segments:
     torch is imported holds when torch arrives.
 
     Only new allocations follow the setting: tensors allocated before the
-    window stay where they are.
+    window stay where they are.  ``__enter__``/``__exit__`` are in C
+    (``allocconf._C.Window``); this class adds the decorator.
     """
 
-    __slots__ = ("_enabled",)
-
-    def __init__(self, enabled: bool) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(
-                "allocconf.expandable_segments() takes True or False, "
-                f"not {enabled!r}"
-            )
-        self._enabled = enabled
-
-    def __enter__(self) -> expandable_segments:
-        _C._window_enter(self._enabled)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        _C._window_exit(self._enabled)
+    __slots__ = ()
 
     def __call__(self, func: F) -> F:
         import functools
@@ -129,7 +110,7 @@ class expandable_segments:
         return wrapper  # type: ignore[return-value]
 
     def __repr__(self) -> str:
-        return f"allocconf.expandable_segments({self._enabled})"
+        return f"allocconf.expandable_segments({self.enabled})"
 
 
 _IPC_SAFE = expandable_segments(False)

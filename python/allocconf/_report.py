@@ -1,0 +1,178 @@
+"""The report behind ``python -m allocconf``: what allocconf did, what torch
+holds, and what the machine can do (driver, devices, pidfd).
+
+``collect()`` gathers it as a JSON-ready dict (schema in docs/report.md);
+``render()`` turns that dict into text.  The report runs in its own
+process, so it may import torch and initialise CUDA.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any, Dict, List, Optional
+
+import allocconf
+from allocconf import _C
+
+SCHEMA = 1
+PROBE_BYTES = 2 << 20  # one 2 MiB tensor each side of an ipc_safe() window
+
+
+def _torch_info(torch: Any) -> Dict[str, Any]:
+    version = getattr(torch, "version", None)
+    cuda = getattr(version, "cuda", None)
+    hip = getattr(version, "hip", None)
+    build = f"CUDA {cuda}" if cuda else f"ROCm {hip}" if hip else "CPU"
+    return {"version": str(torch.__version__), "build": build}
+
+
+def _backend(torch: Any) -> Optional[str]:
+    try:
+        backend: str = torch.cuda.get_allocator_backend()
+        return backend
+    except Exception:
+        return None
+
+
+def _segments(torch: Any) -> Dict[str, Dict[str, int]]:
+    out = {"expandable": {"count": 0, "bytes": 0},
+           "classic": {"count": 0, "bytes": 0}}
+    for seg in torch.cuda.memory_snapshot():
+        kind = "expandable" if seg.get("is_expandable") else "classic"
+        out[kind]["count"] += 1
+        out[kind]["bytes"] += int(seg.get("total_size", 0))
+    return out
+
+
+def _segment_of(torch: Any, tensor: Any) -> Optional[bool]:
+    ptr = tensor.untyped_storage().data_ptr()
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return bool(seg.get("is_expandable"))
+    return None
+
+
+def _probe(torch: Any) -> Dict[str, Any]:
+    """Allocate one tensor as configured and one inside ipc_safe(), and ask
+    torch and the driver where each landed."""
+    out: Dict[str, Any] = {}
+    for label, window in (("default", None), ("ipc_safe", allocconf.ipc_safe())):
+        if window is None:
+            t = torch.empty(PROBE_BYTES, dtype=torch.uint8, device="cuda")
+        else:
+            with window:
+                t = torch.empty(PROBE_BYTES, dtype=torch.uint8, device="cuda")
+        try:
+            capable: Optional[bool] = allocconf.ipc_capable(t)
+        except RuntimeError:
+            capable = None
+        out[label] = {"expandable_segment": _segment_of(torch, t),
+                      "ipc_capable": capable}
+    return out
+
+
+def collect(probe: bool = True) -> Dict[str, Any]:
+    """Gather the report.  Imports torch when it is installed and, when a
+    CUDA device is there and ``probe`` is true, allocates two small
+    tensors to show where new memory lands."""
+    report: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "allocconf": {"version": allocconf.__version__},
+        "python": {"version": platform.python_version(),
+                   "implementation": platform.python_implementation(),
+                   "platform": sys.platform},
+        "torch": None,
+        "backend": None,
+        "config": None,
+        "expandable_segments": None,
+        "driver": _C.driver_info(),
+        "pidfd": _C.pidfd_probe(),
+        "segments": None,
+        "probe": None,
+    }
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    status = allocconf.status()
+    if torch is not None:
+        report["torch"] = dict(_torch_info(torch), setter=status.api)
+        cuda = torch.cuda.is_available()
+        report["backend"] = _backend(torch) if cuda else None
+        if cuda and probe:
+            report["probe"] = _probe(torch)
+        if cuda:
+            report["segments"] = _segments(torch)
+        live = _C._live_config(torch)
+        status = allocconf.status()
+    else:
+        live = None
+    report["config"] = {
+        "user": status.user_config,
+        "source": status.source,
+        "written": status.config if status.applied else None,
+        "live": live,
+    }
+    report["expandable_segments"] = {
+        "on": status.expandable_segments,
+        "applied": status.applied,
+        "reason": status.reason,
+    }
+    report["status"] = status.as_dict()
+    return report
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def render(r: Dict[str, Any]) -> str:
+    """The report as text, one fact a line."""
+    lines: List[str] = []
+    add = lines.append
+    add(f"allocconf {r['allocconf']['version']}  (Python "
+        f"{r['python']['version']}, {r['python']['platform']})")
+    t = r["torch"]
+    if t is None:
+        add("torch:        not installed")
+    else:
+        add(f"torch:        {t['version']} ({t['build']} build)")
+        add(f"setter:       {t['setter'] or 'none'}")
+    add(f"backend:      {r['backend'] or 'unknown (no CUDA device)'}")
+    c = r["config"]
+    add(f"user config:  {c['user']!r} from {c['source'] or 'nowhere (unset)'}")
+    add(f"written:      {c['written']!r}" if c["written"] is not None
+        else "written:      nothing")
+    add(f"live:         {c['live']!r}" if c["live"] is not None
+        else "live:         torch cannot tell without CUDA initialised")
+    es = r["expandable_segments"]
+    add(f"expandable:   {es['on']}  ({es['reason']})")
+    d = r["driver"]
+    if d["driver"] is None:
+        add(f"driver:       {d['error']}")
+    else:
+        add(f"driver:       {d['driver']} (CUDA {d['version']})"
+            + (f": {d['error']}" if d["error"] else ""))
+    for dev in d["devices"]:
+        add(f"  device {dev['index']}:   {dev['name']}, sm {dev['capability']},"
+            f" VMM {'yes' if dev['vmm'] else 'no'}, POSIX fd handles "
+            f"{'yes' if dev['posix_fd_handles'] else 'no'}")
+    p = r["pidfd"]
+    verdict = {True: "works", False: "FAILS", None: "unsupported"}[p["ok"]]
+    add(f"pidfd:        {verdict} (sharing expandable segments across "
+        f"processes needs it)")
+    for key in ("self", "child_to_parent"):
+        if p[key]["ok"] is not True:
+            add(f"  {key}: {p[key]['step']}: {p[key]['error']}")
+    s = r["segments"]
+    if s is not None:
+        add(f"segments:     expandable {s['expandable']['count']} "
+            f"({_mib(s['expandable']['bytes'])}), classic "
+            f"{s['classic']['count']} ({_mib(s['classic']['bytes'])})")
+    pr = r["probe"]
+    if pr is not None:
+        for label in ("default", "ipc_safe"):
+            add(f"probe {label + ':':<10} expandable segment "
+                f"{pr[label]['expandable_segment']}, classic IPC "
+                f"{pr[label]['ipc_capable']}")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""Helpers for child processes of the GPU suite: where a tensor's memory
+lives and what torch's allocator reports."""
+import torch
+
+MiB = 1 << 20
+
+
+def alloc(mib=64):
+    """A fresh tensor of `mib` MiB on the current CUDA device."""
+    return torch.empty(mib * MiB, dtype=torch.uint8, device="cuda")
+
+
+def segment_of(t):
+    """The memory_snapshot() segment holding tensor t's storage."""
+    ptr = t.untyped_storage().data_ptr()
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return seg
+    raise AssertionError(f"no segment holds 0x{ptr:x}")
+
+
+def expandable(t):
+    """Whether tensor t lives in an expandable segment."""
+    return bool(segment_of(t)["is_expandable"])
+
+
+def settings():
+    """torch's live allocator settings (CUDA must be initialised)."""
+    s = dict(torch.cuda.memory._snapshot()["allocator_settings"])
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()}
+
+
+def last_string():
+    """The last configuration string torch's CUDA allocator parsed."""
+    s = settings()
+    return s.get("PYTORCH_CUDA_ALLOC_CONF", s.get("PYTORCH_ALLOC_CONF"))
+
+
+def mp_check_arange(q, done):
+    """torch.multiprocessing child: receive a CUDA tensor, say whether it
+    holds exactly arange(n) in float32."""
+    t = q.get()
+    ref = torch.arange(t.numel(), dtype=torch.float32, device=t.device)
+    done.put(bool(torch.equal(t, ref)))
+    del t
