@@ -12,8 +12,8 @@ Each approach gets a fresh receiver.  A sync is timed from the sender's
 first copy until the receiver has rebuilt and checked everything; the
 receiver keeps the previous sync's tensors until the next arrives, as an
 inference engine keeps its weights.  Cold = the first sync; warm = the
-median of the next ones.  Extra memory = what the sender reserved beyond
-its weights.  Writes ipc_sync.json.
+median of the next ones.  Extra memory = what the sender holds beyond
+its weights (the staging copies it holds).  Writes ipc_sync.json.
 
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--warm N]
 """
@@ -75,7 +75,7 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     assert outbox.get(timeout=300) == "ready"
     sizes = [w.numel() for w in weights]
     torch.cuda.synchronize()
-    reserved0 = torch.cuda.memory_reserved()
+    allocated0 = torch.cuda.memory_allocated()
     staging: Any = None
     times: List[float] = []
     ok = True
@@ -101,7 +101,7 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         inbox.put(msg)
         ok &= outbox.get(timeout=600)
         times.append(time.perf_counter() - t0)
-    extra = torch.cuda.memory_reserved() - reserved0
+    extra = torch.cuda.memory_allocated() - allocated0
     inbox.put(None)
     proc.join(timeout=120)
     shared = staging if approach != "direct" else weights
@@ -114,7 +114,9 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         "correct": bool(ok),
         "shared_ipc_capable": allocconf.ipc_capable(first),
     }
-    del staging, shared, first
+    del staging, shared, first, msg
+    if approach == "pack":
+        del views
     torch.cuda.empty_cache()
     return result
 

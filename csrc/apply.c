@@ -403,6 +403,17 @@ sync_locked(ac_state *st, const char *why)
     }
     r = PyObject_CallOneArg(st->setter, target);
     if (r == NULL) {
+        /* torch parses in stages and keeps what it read before refusing:
+         * hand it back the string it held, keep the first error. */
+        if (st->in_force != NULL) {
+            PyObject *exc = PyErr_GetRaisedException();
+            PyObject *back = PyObject_CallOneArg(st->setter, st->in_force);
+            if (back == NULL) {
+                PyErr_Clear();
+            }
+            Py_XDECREF(back);
+            PyErr_SetRaisedException(exc);
+        }
         return -1;
     }
     Py_DECREF(r);
@@ -1352,6 +1363,30 @@ reason_locked(ac_state *st)
                                 "allocconf");
 }
 
+/* A new list of advice about the configuration in force (str each). */
+static PyObject *
+advice_locked(ac_state *st)
+{
+    PyObject *list = PyList_New(0);
+
+    if (list != NULL && st->block == AC_OK && st->base_es == 1 &&
+        conf_es(&st->user) < 0 &&
+        ac_conf_get(&st->user, "max_split_size_mb") != NULL) {
+        PyObject *a = PyUnicode_FromFormat(
+            "max_split_size_mb is set (in %s) and allocconf turns "
+            "expandable segments on: together they can make torch reserve "
+            "many times the memory in use (see allocconf's "
+            "docs/troubleshooting.md). Drop max_split_size_mb, or set "
+            "expandable_segments yourself to silence this.",
+            st->source ? st->source : "configure()");
+        if (a == NULL || PyList_Append(list, a) < 0) {
+            Py_CLEAR(list);
+        }
+        Py_XDECREF(a);
+    }
+    return list;
+}
+
 PyObject *
 ac_status(ac_state *st)
 {
@@ -1396,11 +1431,14 @@ ac_status(ac_state *st)
         PyObject *src = st->source ? PyUnicode_FromString(st->source)
                                    : Py_NewRef(Py_None);
         PyObject *depth = PyLong_FromSsize_t(st->n_off + st->n_on);
-        ok = src != NULL && depth != NULL &&
+        PyObject *advice = advice_locked(st);
+        ok = src != NULL && depth != NULL && advice != NULL &&
              PyDict_SetItemString(d, "source", src) == 0 &&
-             PyDict_SetItemString(d, "window_depth", depth) == 0;
+             PyDict_SetItemString(d, "window_depth", depth) == 0 &&
+             PyDict_SetItemString(d, "advice", advice) == 0;
         Py_XDECREF(src);
         Py_XDECREF(depth);
+        Py_XDECREF(advice);
     }
     if (ok) {
         r = Py_NewRef(d);

@@ -51,6 +51,14 @@ PyErr_GetRaisedException(void)
     Py_XDECREF(tb);
     return value;
 }
+
+static inline void
+PyErr_SetRaisedException(PyObject *exc)
+{
+    PyObject *type = (PyObject *)Py_TYPE(exc);
+    Py_INCREF(type);
+    PyErr_Restore(type, exc, PyException_GetTraceback(exc));
+}
 #endif
 
 #if PY_VERSION_HEX < 0x030D0000

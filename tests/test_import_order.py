@@ -1,6 +1,8 @@
 """Import-time activation, each case in its own process: the string handed
 to torch (recorded by a wrapper that still calls torch's real setter) and
 status() for every import order and environment."""
+import json
+
 import pytest
 
 from support import run_json
@@ -291,3 +293,26 @@ def test_debug_traces_writes_and_hook_events_to_stderr():
     assert "allocconf: wrote 'expandable_segments:True'" in err
     quiet = run_script("import allocconf, torch")
     assert quiet.stderr == ""
+
+
+@pytest.mark.parametrize("env, advised", [
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF":
+      "max_split_size_mb:128,expandable_segments:True"}, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+      "ALLOCCONF_AUTO": "0"}, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}, False),
+])
+def test_max_split_size_with_expandable_segments_is_advised_against(
+        env, advised):
+    from support import run_script
+
+    proc = run_script("""
+        import allocconf, torch
+        print(json.dumps(allocconf.status().advice))
+    """, env=env)
+    advice = json.loads(proc.stdout)
+    assert bool(advice) is advised
+    assert ("max_split_size_mb is set" in proc.stderr) is advised
+    if advised:
+        assert "docs/troubleshooting.md" in advice[0]

@@ -221,6 +221,11 @@ def _attach(torch: ModuleType) -> List[str]:
                 f"allocator was left as it was"]
     st = _C.status()
     _log("%s; config %r via %s", st["reason"], st["config"], st["api"])
+    if st["advice"]:
+        import logging  # torch has imported it already
+
+        for advice in st["advice"]:
+            logging.getLogger("allocconf").warning("%s", advice)
     return messages
 
 

@@ -147,6 +147,8 @@ def render(r: Dict[str, Any]) -> str:
         else "live:         torch cannot tell without CUDA initialised")
     es = r["expandable_segments"]
     add(f"expandable:   {es['on']}  ({es['reason']})")
+    for advice in r["status"]["advice"]:
+        add(f"ADVICE:       {advice}")
     d = r["driver"]
     if d["driver"] is None:
         add(f"driver:       {d['error']}")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Status:
             open, in all threads.
         user_config: the user's own configuration, before allocconf's
             default is merged in.
+        advice: warnings about the configuration in force (logged to the
+            "allocconf" logger when torch is imported), e.g. a
+            max_split_size_mb that fights expandable segments.
     """
 
     applied: bool
@@ -36,6 +39,7 @@ class Status:
     torch_imported: bool
     window_depth: int
     user_config: Optional[str]
+    advice: List[str]
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict (for JSON)."""

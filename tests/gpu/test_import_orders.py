@@ -95,12 +95,15 @@ def test_max_split_size_survives_activation_and_1000_windows():
 
 
 def test_without_allocconf_the_setter_alone_loses_max_split_size():
-    # The trap allocconf exists for (facts §2), seen on this torch.
+    # The trap allocconf exists for (facts §2), on this torch: a bare write
+    # before CUDA starts resets the user's max_split_size_mb.
     out = run_json("""
         import torch
-        from gpu_helpers import alloc
-        alloc(1)
+        from gpu_helpers import alloc, settings
         torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
-        print(json.dumps(torch.cuda.memory_stats()["max_split_size"]))
+        alloc(1)
+        print(json.dumps([torch.cuda.memory_stats()["max_split_size"],
+                          settings()["max_split_size"]]))
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
-    assert out == -1
+    assert out[0] == -1
+    assert out[1] != 64 << 20

@@ -31,9 +31,17 @@ def test_torch_multiprocessing_spawn_child_reads_exact_values():
                    "ipc_capable": True}
 
 
+REBUILD_CHILD = (
+    "import base64, hashlib, pickle, sys, torch\n"
+    "func, args = pickle.loads(base64.b64decode(sys.stdin.read()))\n"
+    "t = func(*args)\n"
+    "print(hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest())\n"
+)
+
+
 def test_reduce_tensor_to_a_child_process():
-    out = run_json("""
-        import pickle, subprocess, base64
+    out = run_json(f"""
+        import base64, hashlib, pickle, subprocess
         import allocconf, torch
         from torch.multiprocessing.reductions import reduce_tensor
         from gpu_helpers import expandable
@@ -42,20 +50,14 @@ def test_reduce_tensor_to_a_child_process():
             t = torch.randn(1 << 20, device="cuda")
         func, args = reduce_tensor(t)
         blob = base64.b64encode(pickle.dumps((func, args))).decode()
-        child = '''
-import base64, pickle, sys, torch, hashlib
-func, args = pickle.loads(base64.b64decode(sys.stdin.read()))
-t = func(*args)
-print(hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest())
-'''
-        got = subprocess.run([sys.executable, "-c", child], input=blob,
-                             capture_output=True, text=True, timeout=120)
-        import hashlib
+        got = subprocess.run([sys.executable, "-c", {REBUILD_CHILD!r}],
+                             input=blob, capture_output=True, text=True,
+                             timeout=120)
         want = hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
-        print(json.dumps({"same": got.stdout.strip() == want,
-                          "stderr": got.stderr[-500:],
-                          "expandable": expandable(t),
-                          "ipc_capable": allocconf.ipc_capable(t)}))
+        print(json.dumps({{"same": got.stdout.strip() == want,
+                           "stderr": got.stderr[-500:],
+                           "expandable": expandable(t),
+                           "ipc_capable": allocconf.ipc_capable(t)}}))
     """, timeout=300)
     assert out["same"] is True, out["stderr"]
     assert out["expandable"] is False
@@ -89,7 +91,8 @@ def test_driver_tells_expandable_from_shareable_and_check_ipc_names_it():
     assert out["view"] is True
     assert out["ok"] is None
     assert "1 of 2 tensors" in out["named"]
-    assert "'outside' (float32[4194304]" in out["named"]
+    assert "'outside' (float32[16777216] on cuda:0: in an expandable" in (
+        out["named"])
     assert "'inside'" not in out["named"]
     assert "ipc_safe() window" in out["named"]
     assert "1 of 3 tensors" in out["positional"]

@@ -58,25 +58,6 @@ def test_malformed_variable_warns_with_key_and_offset_and_writes_nothing():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import allocconf, torch
-        try:
-            torch.empty(1, device="cuda")
-            torch_says = None
-        except Exception as exc:  # torch's own, far from the cause
-            torch_says = str(exc)
-        print(json.dumps({"calls": recorder.CALLS, "torch_says": torch_says,
-                          "warnings": [str(w.message) for w in caught]}))
-    """, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"})
-    assert out["calls"] == []
-    assert len(out["warnings"]) == 0 or "expandable_segment" in str(out)
-    # An unknown key is kept by allocconf (new torch versions add keys), so
-    # this one is torch's to refuse: it does, at the first allocation.
-    assert "expandable_segment" in (out["torch_says"] or "")
-
-    out = run_json("""
-        import recorder; recorder.install()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import allocconf, torch
         print(json.dumps({"calls": recorder.CALLS,
                           "warnings": [str(w.message) for w in caught
                                        if "allocconf" in str(w.message)]}))
@@ -86,3 +67,29 @@ def test_malformed_variable_warns_with_key_and_offset_and_writes_nothing():
     assert len(out["warnings"]) == 1
     assert ("garbage_collection_threshold at offset 50: must be between 0 "
             "and 1") in out["warnings"][0]
+
+
+def test_unknown_key_refused_by_torch_warns_at_import_and_is_handed_back():
+    # allocconf keeps unknown keys (new torch versions add keys), so a typo
+    # is torch's to refuse: allocconf says so at import, naming torch's
+    # reason, and hands torch back the string it held.
+    out = run_json("""
+        import recorder; recorder.install()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import allocconf, torch
+        try:
+            torch.empty(1, device="cuda")
+            torch_says = None
+        except Exception as exc:  # torch's own error, at first use
+            torch_says = str(exc)
+        print(json.dumps({"calls": recorder.CALLS, "torch_says": torch_says,
+                          "warnings": [str(w.message) for w in caught
+                                       if "allocconf" in str(w.message)]}))
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"})
+    assert out["calls"] == ["expandable_segment:True,expandable_segments:True",
+                            "expandable_segment:True"]
+    assert len(out["warnings"]) == 1
+    assert "torch rejected" in out["warnings"][0]
+    assert "Unrecognized key 'expandable_segment'" in out["warnings"][0]
+    assert "expandable_segment" in (out["torch_says"] or "")
