@@ -22,7 +22,6 @@ static const char *const ENV_VARS[] = {
     "PYTORCH_ALLOC_CONF",
 };
 
-
 /* ------------------------------------------------------------------ */
 /* Lock and trace                                                       */
 /* ------------------------------------------------------------------ */
@@ -45,7 +44,7 @@ ac_lock(ac_state *st)
 #else
     if (!PyThread_acquire_lock(st->mutex, NOWAIT_LOCK)) {
         Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(st->mutex, WAIT_LOCK);
+            PyThread_acquire_lock(st->mutex, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
 #endif
@@ -162,10 +161,9 @@ error_message(const ac_error *err, PyObject *conf)
         return NULL;
     }
     if (err->key[0]) {
-        msg = PyUnicode_FromFormat("%s at offset %zd: %s (in %s'%U'%s)",
-                                   err->key, off, err->message,
-                                   lo ? "..." : "", snippet,
-                                   hi < n ? "..." : "");
+        msg = PyUnicode_FromFormat(
+            "%s at offset %zd: %s (in %s'%U'%s)", err->key, off, err->message,
+            lo ? "..." : "", snippet, hi < n ? "..." : "");
     }
     else {
         msg = PyUnicode_FromFormat("offset %zd: %s (in %s'%U'%s)", off,
@@ -215,8 +213,7 @@ ac_raise(ac_state *st, const ac_error *err, PyObject *conf)
     offset = PyLong_FromSize_t(err->offset);
     if (PyBytes_Check(conf)) {
         text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(conf),
-                                    PyBytes_GET_SIZE(conf),
-                                    "surrogateescape");
+                                    PyBytes_GET_SIZE(conf), "surrogateescape");
     }
     else {
         text = Py_NewRef(conf);
@@ -383,7 +380,6 @@ static int
 sync_locked(ac_state *st, const char *why)
 {
     PyObject *target = target_locked(st), *r;
-    int same;
 
     if (!st->attached || st->block != AC_OK || st->setter == NULL ||
         target == NULL) {
@@ -393,7 +389,7 @@ sync_locked(ac_state *st, const char *why)
         return 0;
     }
     if (st->in_force != NULL) {
-        same = PyUnicode_Compare(target, st->in_force);
+        int same = PyUnicode_Compare(target, st->in_force);
         if (same == -1 && PyErr_Occurred()) {
             return -1;
         }
@@ -510,12 +506,11 @@ load_locked(ac_state *st, PyObject *warnings)
     debug = env_flag("ALLOCCONF_DEBUG", 0, &valid);
     auto_on = env_flag("ALLOCCONF_AUTO", 1, &valid);
     if (!valid &&
-        warn_append(warnings,
-                    PyUnicode_FromFormat(
-                        "allocconf: ALLOCCONF_AUTO=%s is not one of "
-                        "0/1/true/false/yes/no/on/off; "
-                        "import-time activation stays on",
-                        getenv("ALLOCCONF_AUTO"))) < 0) {
+        warn_append(warnings, PyUnicode_FromFormat(
+                                  "allocconf: ALLOCCONF_AUTO=%s is not one of "
+                                  "0/1/true/false/yes/no/on/off; "
+                                  "import-time activation stays on",
+                                  getenv("ALLOCCONF_AUTO"))) < 0) {
         goto error;
     }
     for (i = 0; i < sizeof(ENV_VARS) / sizeof(ENV_VARS[0]); i++) {
@@ -746,15 +741,14 @@ adopt_live_locked(ac_state *st, PyObject *live, PyObject *warnings)
             return -1;
         }
         msg = error_message(&err, live);
-        return warn_append(warnings,
-                           msg == NULL ? NULL
-                                       : PyUnicode_FromFormat(
-                                             "allocconf: torch holds a "
-                                             "configuration allocconf "
-                                             "cannot read (%U); using %s",
-                                             msg,
-                                             st->source ? st->source
-                                                        : "the defaults"));
+        return warn_append(
+            warnings,
+            msg == NULL ? NULL
+                        : PyUnicode_FromFormat(
+                              "allocconf: torch holds a "
+                              "configuration allocconf "
+                              "cannot read (%U); using %s",
+                              msg, st->source ? st->source : "the defaults"));
     }
     if (build_strings(&parsed, live, st->auto_on, &w) < 0) {
         ac_conf_clear(&parsed);
@@ -814,8 +808,8 @@ check_build_locked(ac_state *st, PyObject *torch)
     PyObject *hip = lookup(torch, "version.hip");
     int rc = 0;
 
-    st->cpu_only = (cuda == NULL || cuda == Py_None) &&
-                   (hip == NULL || hip == Py_None);
+    st->cpu_only =
+        (cuda == NULL || cuda == Py_None) && (hip == NULL || hip == Py_None);
     if (st->block != AC_OK) {
         goto done;
     }
@@ -849,7 +843,7 @@ done:
 static int
 attach_locked(ac_state *st, PyObject *torch, PyObject *warnings)
 {
-    PyObject *live, *r;
+    PyObject *live;
 
     if (!st->configured) {
         /* The user may have changed the environment between
@@ -885,7 +879,8 @@ attach_locked(ac_state *st, PyObject *torch, PyObject *warnings)
     if (sync_locked(st, "wrote") < 0) {
         /* Torch refused: say so, leave the allocator as it was. */
         PyObject *exc = PyErr_GetRaisedException();
-        r = PyUnicode_FromFormat("allocconf: torch rejected '%U': %S; "
+        PyObject *r =
+            PyUnicode_FromFormat("allocconf: torch rejected '%U': %S; "
                                  "the allocator was left as it was",
                                  target_locked(st), exc);
         Py_XDECREF(exc);
@@ -1011,7 +1006,7 @@ done:
 PyObject *
 ac_override_text(ac_state *st, const char *key, PyObject *value)
 {
-    PyObject *text, *conf;
+    PyObject *text;
     ac_error err;
     char *norm = NULL;
     const char *s;
@@ -1051,7 +1046,7 @@ ac_override_text(ac_state *st, const char *key, PyObject *value)
     }
     if (ac_value_parse(key, s, &norm, &err) < 0) {
         /* Report it as "key:value" so the offset points into that. */
-        conf = PyUnicode_FromFormat("%s:%U", key, text);
+        PyObject *conf = PyUnicode_FromFormat("%s:%U", key, text);
         Py_DECREF(text);
         if (conf == NULL) {
             return NULL;
@@ -1132,8 +1127,7 @@ ac_checked_string(ac_state *st, const ac_conf *c, const char *skip_key)
 /* Merge conf and overrides into a copy of the user's configuration.
  * Lock held.  0 or -1 (out left empty). */
 static int
-merged_locked(ac_state *st, PyObject *conf, PyObject *overrides,
-              ac_conf *out)
+merged_locked(ac_state *st, PyObject *conf, PyObject *overrides, ac_conf *out)
 {
     ac_conf add = {NULL, 0, 0};
     ac_error err;
@@ -1167,11 +1161,11 @@ merged_locked(ac_state *st, PyObject *conf, PyObject *overrides,
     old_b = ac_conf_get(&st->user, "backend");
     new_b = ac_conf_get(out, "backend");
     if (strcmp(old_b ? old_b : "native", new_b ? new_b : "native") != 0) {
-        raise_plain(st, PyUnicode_FromFormat(
-                            "backend: torch reads it once, when it loads "
-                            "(here: %s); it cannot become '%s' at run time",
-                            old_b ? old_b : "native",
-                            new_b ? new_b : "native"));
+        raise_plain(st,
+                    PyUnicode_FromFormat(
+                        "backend: torch reads it once, when it loads "
+                        "(here: %s); it cannot become '%s' at run time",
+                        old_b ? old_b : "native", new_b ? new_b : "native"));
         goto error;
     }
     return 0;
@@ -1329,8 +1323,7 @@ reason_locked(ac_state *st)
     }
     if (st->n_on > 0) {
         return PyUnicode_FromFormat(
-            "%zd expandable_segments(True) window(s) open: held on",
-            st->n_on);
+            "%zd expandable_segments(True) window(s) open: held on", st->n_on);
     }
     if (st->configured) {
         return PyUnicode_FromFormat(
@@ -1387,6 +1380,24 @@ advice_locked(ac_state *st)
     return list;
 }
 
+int
+ac_init_keys(ac_state *st)
+{
+#define AC_NAME_FIELD(name, text) text,
+    static const char *const names[AC_NKEYS] = {
+        AC_STATUS_FIELDS(AC_NAME_FIELD)};
+#undef AC_NAME_FIELD
+    size_t i;
+
+    for (i = 0; i < AC_NKEYS; i++) {
+        st->status_keys[i] = PyUnicode_InternFromString(names[i]);
+        if (st->status_keys[i] == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 PyObject *
 ac_status(ac_state *st)
 {
@@ -1407,35 +1418,36 @@ ac_status(ac_state *st)
     }
     else {
         PyObject *t = target_locked(st);
-        es = st->n_off > 0 ? Py_False
-             : st->n_on > 0 ? Py_True
+        es = st->n_off > 0      ? Py_False
+             : st->n_on > 0     ? Py_True
              : st->base_es == 1 ? Py_True
                                 : Py_False;
         config = t;
     }
-    ok = PyDict_SetItemString(d, "applied",
-                              (st->attached && st->block == AC_OK &&
-                               st->writes > 0)
-                                  ? Py_True
-                                  : Py_False) == 0 &&
-         PyDict_SetItemString(d, "reason", reason) == 0 &&
-         PyDict_SetItemString(d, "expandable_segments", es) == 0 &&
-         PyDict_SetItemString(d, "config", config ? config : Py_None) ==
-             0 &&
-         PyDict_SetItemString(d, "user_config",
-                              st->user_raw ? st->user_raw : Py_None) == 0 &&
-         PyDict_SetItemString(d, "api", st->api ? st->api : Py_None) == 0 &&
-         PyDict_SetItemString(d, "torch_imported",
-                              st->attached ? Py_True : Py_False) == 0;
-    if (ok) {
-        PyObject *src = st->source ? PyUnicode_FromString(st->source)
-                                   : Py_NewRef(Py_None);
+    {
+        PyObject *src =
+            st->source ? PyUnicode_FromString(st->source) : Py_NewRef(Py_None);
         PyObject *depth = PyLong_FromSsize_t(st->n_off + st->n_on);
         PyObject *advice = advice_locked(st);
-        ok = src != NULL && depth != NULL && advice != NULL &&
-             PyDict_SetItemString(d, "source", src) == 0 &&
-             PyDict_SetItemString(d, "window_depth", depth) == 0 &&
-             PyDict_SetItemString(d, "advice", advice) == 0;
+        PyObject *values[AC_NKEYS];
+        size_t i;
+
+        values[AC_KEY_APPLIED] =
+            (st->attached && st->block == AC_OK && st->writes > 0) ? Py_True
+                                                                   : Py_False;
+        values[AC_KEY_REASON] = reason;
+        values[AC_KEY_EXPANDABLE] = es;
+        values[AC_KEY_CONFIG] = config ? config : Py_None;
+        values[AC_KEY_SOURCE] = src;
+        values[AC_KEY_API] = st->api ? st->api : Py_None;
+        values[AC_KEY_TORCH_IMPORTED] = st->attached ? Py_True : Py_False;
+        values[AC_KEY_WINDOW_DEPTH] = depth;
+        values[AC_KEY_USER_CONFIG] = st->user_raw ? st->user_raw : Py_None;
+        values[AC_KEY_ADVICE] = advice;
+        ok = src != NULL && depth != NULL && advice != NULL;
+        for (i = 0; ok && i < AC_NKEYS; i++) {
+            ok = PyDict_SetItem(d, st->status_keys[i], values[i]) == 0;
+        }
         Py_XDECREF(src);
         Py_XDECREF(depth);
         Py_XDECREF(advice);

@@ -16,12 +16,30 @@
 /* Why allocconf writes nothing to torch (0 when it may write). */
 typedef enum {
     AC_OK = 0,
-    AC_BLOCK_MALFORMED,  /* the user's configuration does not parse */
-    AC_BLOCK_ASYNC,      /* backend:cudaMallocAsync ignores the setting */
-    AC_BLOCK_PLATFORM,   /* Windows or macOS */
-    AC_BLOCK_ROCM,       /* ROCm older than 7 */
-    AC_BLOCK_NO_SETTER,  /* this torch has no run-time setter */
+    AC_BLOCK_MALFORMED, /* the user's configuration does not parse */
+    AC_BLOCK_ASYNC,     /* backend:cudaMallocAsync ignores the setting */
+    AC_BLOCK_PLATFORM,  /* Windows or macOS */
+    AC_BLOCK_ROCM,      /* ROCm older than 7 */
+    AC_BLOCK_NO_SETTER, /* this torch has no run-time setter */
 } ac_block;
+
+/* The fields of status(), in order; their names are interned once into
+ * ac_state.status_keys. */
+#define AC_STATUS_FIELDS(X)                                                   \
+    X(APPLIED, "applied")                                                     \
+    X(REASON, "reason")                                                       \
+    X(EXPANDABLE, "expandable_segments")                                      \
+    X(CONFIG, "config")                                                       \
+    X(SOURCE, "source")                                                       \
+    X(API, "api")                                                             \
+    X(TORCH_IMPORTED, "torch_imported")                                       \
+    X(WINDOW_DEPTH, "window_depth")                                           \
+    X(USER_CONFIG, "user_config")                                             \
+    X(ADVICE, "advice")
+
+#define AC_ENUM_FIELD(name, text) AC_KEY_##name,
+enum { AC_STATUS_FIELDS(AC_ENUM_FIELD) AC_NKEYS };
+#undef AC_ENUM_FIELD
 
 typedef struct {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -34,23 +52,24 @@ typedef struct {
     /* Types, created at module exec and never replaced. */
     PyObject *error_type;   /* allocconf.AllocConfError (ValueError) */
     PyObject *warning_type; /* allocconf.AllocConfWarning (UserWarning) */
+    PyObject *status_keys[AC_NKEYS]; /* interned field names of status() */
 
     /* What torch offers, resolved once when torch is attached. */
-    PyObject *setter;  /* callable(str), or NULL */
-    PyObject *api;     /* str naming the setter, or NULL */
+    PyObject *setter;        /* callable(str), or NULL */
+    PyObject *api;           /* str naming the setter, or NULL */
     PyObject *torch_version; /* str, or NULL */
 
     /* The user's configuration and where it came from. */
     ac_conf user;
-    PyObject *user_raw;  /* str: the user's string as torch holds it */
-    const char *source;  /* static: an env var name, "torch", or NULL */
-    PyObject *env_raw;   /* str: the variable's value ("" when unset) */
-    PyObject *env_seen;  /* tuple: the environment last read, to notice
-                            a change made before torch was imported */
-    int configured;      /* configure() was called */
-    int loaded;          /* the environment has been read */
-    int auto_on;         /* ALLOCCONF_AUTO */
-    int debug;           /* ALLOCCONF_DEBUG: trace writes to stderr */
+    PyObject *user_raw; /* str: the user's string as torch holds it */
+    const char *source; /* static: an env var name, "torch", or NULL */
+    PyObject *env_raw;  /* str: the variable's value ("" when unset) */
+    PyObject *env_seen; /* tuple: the environment last read, to notice
+                           a change made before torch was imported */
+    int configured;     /* configure() was called */
+    int loaded;         /* the environment has been read */
+    int auto_on;        /* ALLOCCONF_AUTO */
+    int debug;          /* ALLOCCONF_DEBUG: trace writes to stderr */
     ac_block block;
     PyObject *block_detail; /* str or NULL: what made it block */
 
@@ -71,6 +90,9 @@ typedef struct {
 
 /* Write `msg` to stderr when ALLOCCONF_DEBUG is on. */
 void ac_trace(ac_state *st, const char *msg);
+
+/* Intern the status() field names into st.  0, or -1 with an exception. */
+int ac_init_keys(ac_state *st);
 
 /* Lock the state.  Returns 0, or -1 with RuntimeError set when this
  * thread already holds it (a torch setter that calls back into

@@ -237,15 +237,15 @@ classify_decimal(const char *s)
 }
 
 typedef enum {
-    V_ANY,       /* unknown key: any word or list */
-    V_BOOL,      /* exactly True or False */
-    V_UINT_MIN,  /* integer >= arg */
-    V_UINT_GT,   /* integer > arg */
-    V_OPEN01,    /* decimal, 0 < x < 1 */
-    V_CLOSED01,  /* decimal, 0 <= x <= 1 */
-    V_POW2_MAX,  /* power of two <= arg */
-    V_ROUNDUP,   /* power of two, or [interval:divisions,...] */
-    V_BACKEND,   /* native | cudaMallocAsync | hipMallocAsync */
+    V_ANY,      /* unknown key: any word or list */
+    V_BOOL,     /* exactly True or False */
+    V_UINT_MIN, /* integer >= arg */
+    V_UINT_GT,  /* integer > arg */
+    V_OPEN01,   /* decimal, 0 < x < 1 */
+    V_CLOSED01, /* decimal, 0 <= x <= 1 */
+    V_POW2_MAX, /* power of two <= arg */
+    V_ROUNDUP,  /* power of two, or [interval:divisions,...] */
+    V_BACKEND,  /* native | cudaMallocAsync | hipMallocAsync */
 } value_kind;
 
 typedef struct {
@@ -325,8 +325,7 @@ check_scalar(const char *key, const known_key *k, const token *w,
         }
         if (rc < 0) {
             return fail(err, key, w->offset, w->text, w->len,
-                        "expected a non-negative integer, got '%s'",
-                        w->text);
+                        "expected a non-negative integer, got '%s'", w->text);
         }
         if (k->kind == V_UINT_MIN && v < k->arg) {
             return fail(err, key, w->offset, w->text, w->len,
@@ -335,8 +334,8 @@ check_scalar(const char *key, const known_key *k, const token *w,
         }
         if (k->kind == V_UINT_GT && v <= k->arg) {
             return fail(err, key, w->offset, w->text, w->len,
-                        "must be > %llu, got %llu",
-                        (unsigned long long)k->arg, (unsigned long long)v);
+                        "must be > %llu, got %llu", (unsigned long long)k->arg,
+                        (unsigned long long)v);
         }
         if (k->kind == V_POW2_MAX && (!is_pow2(v) || v > k->arg)) {
             return fail(err, key, w->offset, w->text, w->len,
@@ -349,8 +348,7 @@ check_scalar(const char *key, const known_key *k, const token *w,
         rc = classify_decimal(w->text);
         if (rc < 0) {
             return fail(err, key, w->offset, w->text, w->len,
-                        "expected a plain decimal number, got '%s'",
-                        w->text);
+                        "expected a plain decimal number, got '%s'", w->text);
         }
         if (k->kind == V_OPEN01 && rc != 1) {
             return fail(err, key, w->offset, w->text, w->len,
@@ -465,8 +463,7 @@ fail_expected(ac_error *err, const char *key, const tokens *t, size_t i,
 {
     const char *got = describe(t, i);
     if (i >= t->n) {
-        return fail(err, key, end, NULL, 0, "expected %s, got %s", what,
-                    got);
+        return fail(err, key, end, NULL, 0, "expected %s, got %s", what, got);
     }
     if (got == NULL) {
         char sep[2] = {t->tok[i].sep, '\0'};
@@ -656,8 +653,7 @@ ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err)
         }
         if (!is_key_name(k->text)) {
             fail(err, k->text, k->offset, k->text, k->len,
-                 "'%s' is not a key name (letters, digits and '_')",
-                 k->text);
+                 "'%s' is not a key name (letters, digits and '_')", k->text);
             goto error;
         }
         if (i + 1 >= t.n || t.tok[i + 1].sep != ':') {
@@ -680,8 +676,7 @@ ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err)
         i++;
         if (i < t.n) {
             if (t.tok[i].sep != ',') {
-                fail_expected(err, k->text, &t, i, n,
-                              "',' after the value");
+                fail_expected(err, k->text, &t, i, n, "',' after the value");
                 goto error;
             }
             i++; /* a trailing ',' is accepted, as PyTorch does */
@@ -701,8 +696,7 @@ error:
 }
 
 int
-ac_value_parse(const char *key, const char *value, char **norm,
-               ac_error *err)
+ac_value_parse(const char *key, const char *value, char **norm, ac_error *err)
 {
     tokens t = {NULL, 0, NULL};
     size_t i = 0, n = strlen(value);
@@ -710,8 +704,7 @@ ac_value_parse(const char *key, const char *value, char **norm,
     *norm = NULL;
     if (!is_key_name(key) || *key == '\0') {
         return fail(err, key, 0, key, strlen(key),
-                    "'%s' is not a key name (letters, digits and '_')",
-                    key);
+                    "'%s' is not a key name (letters, digits and '_')", key);
     }
     if (tokenise(value, n, &t, err) < 0) {
         copy_clipped(err->key, key, strlen(key));

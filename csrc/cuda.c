@@ -92,15 +92,24 @@ driver_open(driver *d, char *why, size_t n)
 #ifdef AC_HAVE_DLOPEN
     {
         static const char *const names[] = {
-            "cuInit",          "cuDriverGetVersion",   "cuDeviceGetCount",
-            "cuDeviceGet",     "cuDeviceGetName",      "cuDeviceGetAttribute",
-            "cuPointerGetAttribute", "cuGetErrorString",
+            "cuInit",
+            "cuDriverGetVersion",
+            "cuDeviceGetCount",
+            "cuDeviceGet",
+            "cuDeviceGetName",
+            "cuDeviceGetAttribute",
+            "cuPointerGetAttribute",
+            "cuGetErrorString",
         };
         void **slots[] = {
-            (void **)&d->init,          (void **)&d->driver_version,
-            (void **)&d->device_count,  (void **)&d->device_get,
-            (void **)&d->device_name,   (void **)&d->device_attribute,
-            (void **)&d->pointer_attribute, (void **)&d->error_string,
+            (void **)&d->init,
+            (void **)&d->driver_version,
+            (void **)&d->device_count,
+            (void **)&d->device_get,
+            (void **)&d->device_name,
+            (void **)&d->device_attribute,
+            (void **)&d->pointer_attribute,
+            (void **)&d->error_string,
         };
         size_t i;
         CUresult r;
@@ -169,8 +178,9 @@ device_dict(const driver *drv, int index)
         drv->device_attribute(&fd, ATTR_POSIX_FD, dev);
     }
     if (put(d, "index", PyLong_FromLong(index)) < 0 ||
-        put(d, "name", PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name),
-                                            "replace")) < 0 ||
+        put(d, "name",
+            PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name), "replace")) <
+            0 ||
         put(d, "capability",
             major < 0 ? Py_NewRef(Py_None)
                       : PyUnicode_FromFormat("%d.%d", major, minor)) < 0 ||

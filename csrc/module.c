@@ -45,12 +45,13 @@ parse_str(ac_state *st, PyObject *conf, ac_conf *out)
     return 0;
 }
 
-PyDoc_STRVAR(parse_doc,
-"parse(conf, /)\n--\n\n"
-"Parse an allocator configuration string into a dict of key -> value\n"
-"text, as torch reads it: later duplicates win, unknown keys are kept.\n"
-"Raises AllocConfError (a ValueError) naming the key, the character\n"
-"offset and the offending text.");
+PyDoc_STRVAR(
+    parse_doc,
+    "parse(conf, /)\n--\n\n"
+    "Parse an allocator configuration string into a dict of key -> value\n"
+    "text, as torch reads it: later duplicates win, unknown keys are kept.\n"
+    "Raises AllocConfError (a ValueError) naming the key, the character\n"
+    "offset and the offending text.");
 
 static PyObject *
 parse(PyObject *module, PyObject *conf)
@@ -74,13 +75,14 @@ parse(PyObject *module, PyObject *conf)
     return d;
 }
 
-PyDoc_STRVAR(merge_doc,
-"merge(base, /, **overrides)\n--\n\n"
-"Return `base` with the keyword overrides applied: a named key keeps its\n"
-"place (a new one goes last), None removes it, everything else is kept\n"
-"in order.  Values may be str, bool, int, float, or a dict/list for\n"
-"roundup_power2_divisions.  Raises AllocConfError for a bad base or\n"
-"value.");
+PyDoc_STRVAR(
+    merge_doc,
+    "merge(base, /, **overrides)\n--\n\n"
+    "Return `base` with the keyword overrides applied: a named key keeps its\n"
+    "place (a new one goes last), None removes it, everything else is kept\n"
+    "in order.  Values may be str, bool, int, float, or a dict/list for\n"
+    "roundup_power2_divisions.  Raises AllocConfError for a bad base or\n"
+    "value.");
 
 static PyObject *
 merge(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -104,12 +106,13 @@ merge(PyObject *module, PyObject *args, PyObject *kwargs)
 /* State                                                                */
 /* ------------------------------------------------------------------ */
 
-PyDoc_STRVAR(configure_doc,
-"configure(conf=None, /, **overrides)\n--\n\n"
-"Merge `conf` and the keyword overrides into the current configuration\n"
-"and write the full result to torch (or when torch is imported).\n"
-"Returns the configuration.  Raises AllocConfError for bad input, with\n"
-"nothing changed.");
+PyDoc_STRVAR(
+    configure_doc,
+    "configure(conf=None, /, **overrides)\n--\n\n"
+    "Merge `conf` and the keyword overrides into the current configuration\n"
+    "and write the full result to torch (or when torch is imported).\n"
+    "Returns the configuration.  Raises AllocConfError for bad input, with\n"
+    "nothing changed.");
 
 static PyObject *
 configure(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -129,9 +132,8 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
                         kwargs);
 }
 
-PyDoc_STRVAR(status_doc,
-"status()\n--\n\n"
-"A dict with the fields of allocconf.Status.");
+PyDoc_STRVAR(status_doc, "status()\n--\n\n"
+                         "A dict with the fields of allocconf.Status.");
 
 static PyObject *
 status(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -139,9 +141,10 @@ status(PyObject *module, PyObject *Py_UNUSED(ignored))
     return ac_status(get_state(module));
 }
 
-PyDoc_STRVAR(load_environ_doc,
-"_load_environ()\n--\n\n"
-"Read the environment; return the warnings to give, as a list of str.");
+PyDoc_STRVAR(
+    load_environ_doc,
+    "_load_environ()\n--\n\n"
+    "Read the environment; return the warnings to give, as a list of str.");
 
 static PyObject *
 load_environ(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -149,10 +152,11 @@ load_environ(PyObject *module, PyObject *Py_UNUSED(ignored))
     return ac_load_environ(get_state(module));
 }
 
-PyDoc_STRVAR(attach_doc,
-"_attach(torch, /)\n--\n\n"
-"Take the imported torch module and write allocconf's configuration;\n"
-"return the warnings to give, as a list of str.");
+PyDoc_STRVAR(
+    attach_doc,
+    "_attach(torch, /)\n--\n\n"
+    "Take the imported torch module and write allocconf's configuration;\n"
+    "return the warnings to give, as a list of str.");
 
 static PyObject *
 attach(PyObject *module, PyObject *torch)
@@ -160,10 +164,11 @@ attach(PyObject *module, PyObject *torch)
     return ac_attach(get_state(module), torch);
 }
 
-PyDoc_STRVAR(live_config_doc,
-"_live_config(torch, /)\n--\n\n"
-"The configuration string torch holds, or None where it cannot tell\n"
-"without initialising CUDA.");
+PyDoc_STRVAR(
+    live_config_doc,
+    "_live_config(torch, /)\n--\n\n"
+    "The configuration string torch holds, or None where it cannot tell\n"
+    "without initialising CUDA.");
 
 static PyObject *
 live_config(PyObject *module, PyObject *torch)
@@ -183,8 +188,7 @@ live_config(PyObject *module, PyObject *torch)
 /* In C so that `with` calls __enter__/__exit__ without a Python frame:
  * a window then costs little more than the two setter calls it makes. */
 typedef struct {
-    PyObject_HEAD
-    int enabled;
+    PyObject_HEAD int enabled;
 } window_object;
 
 static int
@@ -208,9 +212,11 @@ window_init(PyObject *self, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
+/* The PyCMethod signature is fixed, kwnames included. */
 static PyObject *
 window_enter(PyObject *self, PyTypeObject *defining_class,
-             PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+             PyObject *const *args, Py_ssize_t nargs,
+             PyObject *kwnames) // cppcheck-suppress constParameter
 {
     ac_state *st = PyType_GetModuleState(defining_class);
 
@@ -279,7 +285,8 @@ static PyGetSetDef window_getset[] = {
 };
 
 static PyType_Slot window_slots[] = {
-    {Py_tp_doc, (void *)PyDoc_STR(
+    {Py_tp_doc,
+     (void *)PyDoc_STR(
          "Window(enabled)\n--\n\n"
          "Holds expandable segments at `enabled` while open (the base of\n"
          "allocconf.expandable_segments).")},
@@ -311,8 +318,8 @@ window(PyObject *module, PyObject *enabled, int enter)
 }
 
 PyDoc_STRVAR(window_open_doc,
-"_window_enter(enabled, /)\n--\n\n"
-"Open a window holding expandable segments at `enabled`.");
+             "_window_enter(enabled, /)\n--\n\n"
+             "Open a window holding expandable segments at `enabled`.");
 
 static PyObject *
 window_open(PyObject *module, PyObject *enabled)
@@ -324,8 +331,8 @@ window_open(PyObject *module, PyObject *enabled)
 }
 
 PyDoc_STRVAR(window_close_doc,
-"_window_exit(enabled, /)\n--\n\n"
-"Close a window opened with the same `enabled`.");
+             "_window_exit(enabled, /)\n--\n\n"
+             "Close a window opened with the same `enabled`.");
 
 static PyObject *
 window_close(PyObject *module, PyObject *enabled)
@@ -337,8 +344,8 @@ window_close(PyObject *module, PyObject *enabled)
 }
 
 PyDoc_STRVAR(trace_doc,
-"_trace(message, /)\n--\n\n"
-"Write `message` to stderr when ALLOCCONF_DEBUG is on.");
+             "_trace(message, /)\n--\n\n"
+             "Write `message` to stderr when ALLOCCONF_DEBUG is on.");
 
 static PyObject *
 trace(PyObject *module, PyObject *msg)
@@ -355,12 +362,13 @@ trace(PyObject *module, PyObject *msg)
 /* The CUDA driver                                                      */
 /* ------------------------------------------------------------------ */
 
-PyDoc_STRVAR(driver_info_doc,
-"driver_info()\n--\n\n"
-"Ask the CUDA driver (loaded now, never at import) about each device.\n"
-"Returns a dict: 'driver' (None when there is none), 'version',\n"
-"'error', and 'devices', a list of dicts with 'index', 'name',\n"
-"'capability', 'vmm' and 'posix_fd_handles'.");
+PyDoc_STRVAR(
+    driver_info_doc,
+    "driver_info()\n--\n\n"
+    "Ask the CUDA driver (loaded now, never at import) about each device.\n"
+    "Returns a dict: 'driver' (None when there is none), 'version',\n"
+    "'error', and 'devices', a list of dicts with 'index', 'name',\n"
+    "'capability', 'vmm' and 'posix_fd_handles'.");
 
 static PyObject *
 driver_info(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -369,10 +377,11 @@ driver_info(PyObject *module, PyObject *Py_UNUSED(ignored))
     return cu_driver_info();
 }
 
-PyDoc_STRVAR(pointer_ipc_capable_doc,
-"_pointer_ipc_capable(ptr, /)\n--\n\n"
-"Whether device pointer `ptr` can be shared by classic CUDA IPC, asked\n"
-"of the driver.  Raises RuntimeError when the driver cannot tell.");
+PyDoc_STRVAR(
+    pointer_ipc_capable_doc,
+    "_pointer_ipc_capable(ptr, /)\n--\n\n"
+    "Whether device pointer `ptr` can be shared by classic CUDA IPC, asked\n"
+    "of the driver.  Raises RuntimeError when the driver cannot tell.");
 
 static PyObject *
 pointer_ipc_capable(PyObject *module, PyObject *ptr)
@@ -391,12 +400,13 @@ pointer_ipc_capable(PyObject *module, PyObject *ptr)
     return PyBool_FromLong(r);
 }
 
-PyDoc_STRVAR(pidfd_probe_doc,
-"pidfd_probe()\n--\n\n"
-"Try pidfd_open on this process and pidfd_getfd on one of its own\n"
-"descriptors, which is what torch's receiver does to map expandable\n"
-"segments.  Returns a dict: 'ok' (bool, or None where the system has no\n"
-"pidfd), 'step' and 'error'.");
+PyDoc_STRVAR(
+    pidfd_probe_doc,
+    "pidfd_probe()\n--\n\n"
+    "Try pidfd_open on this process and pidfd_getfd on one of its own\n"
+    "descriptors, which is what torch's receiver does to map expandable\n"
+    "segments.  Returns a dict: 'ok' (bool, or None where the system has no\n"
+    "pidfd), 'step' and 'error'.");
 
 static PyObject *
 pidfd_probe(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -411,8 +421,8 @@ pidfd_probe(PyObject *module, PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef methods[] = {
     {"parse", (PyCFunction)parse, METH_O, parse_doc},
-    {"merge", (PyCFunction)(void (*)(void))merge,
-     METH_VARARGS | METH_KEYWORDS, merge_doc},
+    {"merge", (PyCFunction)(void (*)(void))merge, METH_VARARGS | METH_KEYWORDS,
+     merge_doc},
     {"configure", (PyCFunction)(void (*)(void))configure,
      METH_VARARGS | METH_KEYWORDS, configure_doc},
     {"status", status, METH_NOARGS, status_doc},
@@ -429,14 +439,16 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-PyDoc_STRVAR(error_doc,
-"A configuration string was rejected.  Attributes: key (or None),\n"
-"offset (character offset of the fault), text (the offending text) and\n"
-"conf (the whole string).");
+PyDoc_STRVAR(
+    error_doc,
+    "A configuration string was rejected.  Attributes: key (or None),\n"
+    "offset (character offset of the fault), text (the offending text) and\n"
+    "conf (the whole string).");
 
-PyDoc_STRVAR(warning_doc,
-"allocconf could not do what it would have done (at import, or when\n"
-"torch was imported); the allocator was left as it was.");
+PyDoc_STRVAR(
+    warning_doc,
+    "allocconf could not do what it would have done (at import, or when\n"
+    "torch was imported); the allocator was left as it was.");
 
 static int
 module_exec(PyObject *m)
@@ -452,8 +464,8 @@ module_exec(PyObject *m)
         return -1;
     }
 #endif
-    defaults = Py_BuildValue("{sOsOsOsO}", "key", Py_None, "offset",
-                             Py_None, "text", Py_None, "conf", Py_None);
+    defaults = Py_BuildValue("{sOsOsOsO}", "key", Py_None, "offset", Py_None,
+                             "text", Py_None, "conf", Py_None);
     if (defaults == NULL) {
         return -1;
     }
@@ -468,6 +480,9 @@ module_exec(PyObject *m)
     if (st->warning_type == NULL) {
         return -1;
     }
+    if (ac_init_keys(st) < 0) {
+        return -1;
+    }
     st->auto_on = 1;
     st->base_es = -1;
     window_type = PyType_FromModuleAndSpec(m, &window_spec, NULL);
@@ -480,8 +495,7 @@ module_exec(PyObject *m)
         return -1;
     }
     if (PyModule_AddObjectRef(m, "AllocConfError", st->error_type) < 0 ||
-        PyModule_AddObjectRef(m, "AllocConfWarning", st->warning_type) <
-            0) {
+        PyModule_AddObjectRef(m, "AllocConfWarning", st->warning_type) < 0) {
         return -1;
     }
     return 0;
@@ -491,11 +505,15 @@ static int
 module_traverse(PyObject *m, visitproc visit, void *arg)
 {
     ac_state *st = get_state(m);
+    size_t i;
     if (st == NULL) {
         return 0;
     }
     Py_VISIT(st->error_type);
     Py_VISIT(st->warning_type);
+    for (i = 0; i < AC_NKEYS; i++) {
+        Py_VISIT(st->status_keys[i]);
+    }
     Py_VISIT(st->setter);
     Py_VISIT(st->api);
     Py_VISIT(st->torch_version);
@@ -514,11 +532,15 @@ static int
 module_clear(PyObject *m)
 {
     ac_state *st = get_state(m);
+    size_t i;
     if (st == NULL) {
         return 0;
     }
     Py_CLEAR(st->error_type);
     Py_CLEAR(st->warning_type);
+    for (i = 0; i < AC_NKEYS; i++) {
+        Py_CLEAR(st->status_keys[i]);
+    }
     Py_CLEAR(st->setter);
     Py_CLEAR(st->api);
     Py_CLEAR(st->torch_version);
@@ -565,20 +587,17 @@ static PyModuleDef_Slot slots[] = {
     {0, NULL},
 };
 
-PyDoc_STRVAR(module_doc,
-"allocconf's C core: the allocator configuration grammar, the state and\n"
-"its lock, the writes through torch's setter, and the CUDA driver\n"
-"questions.  Use it through the allocconf package.");
+PyDoc_STRVAR(
+    module_doc,
+    "allocconf's C core: the allocator configuration grammar, the state and\n"
+    "its lock, the writes through torch's setter, and the CUDA driver\n"
+    "questions.  Use it through the allocconf package.");
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "allocconf._C",
-    .m_doc = module_doc,
-    .m_size = sizeof(ac_state),
-    .m_methods = methods,
-    .m_slots = slots,
-    .m_traverse = module_traverse,
-    .m_clear = module_clear,
+    PyModuleDef_HEAD_INIT,         .m_name = "allocconf._C",
+    .m_doc = module_doc,           .m_size = sizeof(ac_state),
+    .m_methods = methods,          .m_slots = slots,
+    .m_traverse = module_traverse, .m_clear = module_clear,
     .m_free = module_free,
 };
 

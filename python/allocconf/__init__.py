@@ -212,20 +212,21 @@ def _warn(messages: List[str]) -> None:
 
 
 def _attach(torch: ModuleType) -> List[str]:
-    """Attach to torch; return the warnings to give (never raises)."""
-    _C._trace("attaching to torch")
+    """Attach to torch; return the warnings to give (never raises: this
+    runs inside the user's `import torch`)."""
     try:
+        _C._trace("attaching to torch")
         messages: List[str] = _C._attach(torch)
-    except Exception as exc:  # never break the user's `import torch`
+        st = _C.status()
+        _log("%s; config %r via %s", st["reason"], st["config"], st["api"])
+        if st["advice"]:
+            import logging  # torch has imported it already
+
+            for advice in st["advice"]:
+                logging.getLogger("allocconf").warning("%s", advice)
+    except Exception as exc:
         return [f"allocconf: could not attach to torch: {exc!r}; the "
                 f"allocator was left as it was"]
-    st = _C.status()
-    _log("%s; config %r via %s", st["reason"], st["config"], st["api"])
-    if st["advice"]:
-        import logging  # torch has imported it already
-
-        for advice in st["advice"]:
-            logging.getLogger("allocconf").warning("%s", advice)
     return messages
 
 
