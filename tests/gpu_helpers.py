@@ -43,3 +43,16 @@ def mp_check_arange(q, done):
     ref = torch.arange(t.numel(), dtype=torch.float32, device=t.device)
     done.put(bool(torch.equal(t, ref)))
     del t
+
+
+def mp_copy_to_device_and_hash(q, done, device):
+    """torch.multiprocessing child: receive a CUDA tensor, copy it onto
+    `device`, answer the SHA-256 of its bytes."""
+    import hashlib
+
+    t = q.get()
+    mine = t.to(f"cuda:{device}")
+    torch.cuda.synchronize(device)
+    done.put(hashlib.sha256(mine.view(torch.int16).cpu().numpy()
+                            .tobytes()).hexdigest())
+    del t

@@ -41,7 +41,10 @@ class TorchFinder:
             if spec is None:
                 continue
             if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _Loader(spec.loader, self)
+                # _Loader quacks like importlib.abc.Loader; subclassing it
+                # would import importlib.abc on every `import allocconf`.
+                spec.loader = _Loader(  # type: ignore[assignment]
+                    spec.loader, self)
             return spec
         return None
 

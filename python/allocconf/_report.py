@@ -90,6 +90,7 @@ def collect(probe: bool = True) -> Dict[str, Any]:
         "segments": None,
         "probe": None,
     }
+    torch: Any
     try:
         import torch
     except ImportError:
