@@ -13,6 +13,10 @@ seed drives every variant, each in its own process:
   allocconf+max_split      the user's max_split_size_mb:128 as well
   allocconf+max_split512   ... or max_split_size_mb:512
   off+max_split            max_split_size_mb:128 alone, for reference
+  torch-es, torch-es+max_split
+                           no allocconf: expandable segments (and
+                           max_split_size_mb:128) from the environment,
+                           to tell torch's behaviour from allocconf's
 
 Reports peak reserved / peak allocated and num_alloc_retries; target with
 allocconf <= 1.05 in every import order (the "worst" figure is taken over
@@ -47,6 +51,12 @@ VARIANTS = {
                                {"PYTORCH_CUDA_ALLOC_CONF":
                                 "max_split_size_mb:512"}),
     "off+max_split": ("import torch", {"PYTORCH_CUDA_ALLOC_CONF": MAX_SPLIT}),
+    # Controls without allocconf: torch's own expandable segments.
+    "torch-es": ("import torch",
+                 {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    "torch-es+max_split": ("import torch",
+                           {"PYTORCH_CUDA_ALLOC_CONF":
+                            "expandable_segments:True," + MAX_SPLIT}),
 }
 
 

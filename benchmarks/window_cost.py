@@ -111,7 +111,7 @@ def plot(rows, path) -> None:
             label="bare pair of torch setter calls")
     if "snapshot_us" in rows[0]:
         ax.plot(x, [r["snapshot_us"] for r in rows], "^-",
-                label="_snapshot() read + setter pair")
+                label="torch.cuda.memory._snapshot() read + setter pair")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("live CUDA tensors")
