@@ -132,10 +132,11 @@ def ipc_safe() -> expandable_segments:
 def ipc_capable(tensor: Any) -> bool:
     """Whether ``tensor``'s memory can be shared by classic CUDA IPC.
 
-    Asked of the CUDA driver (``CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_
-    CAPABLE``) for the tensor's storage: False for memory in an expandable
-    segment.  Raises ValueError for a tensor that is not on a CUDA device
-    or has no memory, RuntimeError when the driver cannot tell.
+    Asked of the CUDA driver for the tensor's storage, through
+    ``cuPointerGetAttribute`` with
+    ``CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE``: False for memory in
+    an expandable segment.  Raises ValueError for a tensor that is not on a
+    CUDA device or has no memory, RuntimeError when the driver cannot tell.
     """
     device = getattr(tensor, "device", None)
     if getattr(device, "type", None) != "cuda":

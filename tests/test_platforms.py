@@ -1,0 +1,76 @@
+"""What allocconf decides from torch's build: ROCm versions, setters of
+older torch, no setter.  Each child hands allocconf a stand-in `torch`
+module that carries only what allocconf reads (torch.version.*, the setter
+in torch._C): the decision is tested, no GPU is pretended."""
+import pytest
+
+from support import run_json
+
+STAND_IN = """
+import types
+calls = []
+torch = types.ModuleType("torch")
+torch.__version__ = VERSION
+torch.version = types.SimpleNamespace(cuda=CUDA, hip=HIP)
+torch._C = types.SimpleNamespace()
+if SETTER:
+    setattr(torch._C, SETTER, calls.append)
+sys.modules["torch"] = torch
+import allocconf
+print(json.dumps({"calls": calls, "status": allocconf.status().as_dict()}))
+"""
+
+
+def decide(version, cuda=None, hip=None,
+           setter="_accelerator_setAllocatorSettings", env=None):
+    code = (STAND_IN.replace("VERSION", repr(version))
+            .replace("CUDA", repr(cuda)).replace("HIP", repr(hip))
+            .replace("SETTER", repr(setter)))
+    return run_json(code, env=env)
+
+
+@pytest.mark.parametrize("hip", ["6.2.41133-dd7f95766", "5.7.31921"])
+def test_rocm_before_7_is_not_written(hip):
+    out = decide("2.6.0+rocm6.2", hip=hip,
+                 setter="_cuda_cudaCachingAllocator_set_allocator_settings")
+    assert out["calls"] == []
+    st = out["status"]
+    assert st["applied"] is False
+    assert st["expandable_segments"] is None
+    assert st["reason"].startswith(f"ROCm {hip}: expandable segments need "
+                                   f"ROCm 7")
+
+
+def test_rocm_7_is_written_with_hip_variable():
+    out = decide("2.10.0+rocm7.0", hip="7.0.51831",
+                 env={"PYTORCH_HIP_ALLOC_CONF":
+                      "release_lock_on_hipmalloc:True"})
+    assert out["calls"] == ["release_lock_on_hipmalloc:True,"
+                            "expandable_segments:True"]
+    assert out["status"]["source"] == "PYTORCH_HIP_ALLOC_CONF"
+    assert out["status"]["reason"] == ("expandable segments turned on by "
+                                       "allocconf")
+
+
+def test_older_torch_uses_the_cuda_setter():
+    out = decide("2.6.0+cu124", cuda="12.4",
+                 setter="_cuda_cudaCachingAllocator_set_allocator_settings")
+    assert out["calls"] == ["expandable_segments:True"]
+    assert out["status"]["api"] == (
+        "torch._C._cuda_cudaCachingAllocator_set_allocator_settings")
+
+
+def test_torch_without_a_setter_is_left_alone():
+    out = decide("2.0.1+cpu", setter=None)
+    assert out["calls"] == []
+    st = out["status"]
+    assert st["api"] is None
+    assert st["applied"] is False
+    assert st["reason"] == ("torch 2.0.1+cpu has no run-time allocator "
+                            "setter; allocconf writes nothing")
+
+
+def test_cpu_build_is_written_and_says_no_device_uses_it():
+    out = decide("2.13.0+cpu")
+    assert out["calls"] == ["expandable_segments:True"]
+    assert "CPU-only build" in out["status"]["reason"]

@@ -1,0 +1,71 @@
+"""`python -m allocconf` on a machine without a GPU or a CUDA driver."""
+import json
+import subprocess
+import sys
+
+from support import child_env
+
+
+def run(*args, code=None, env=None):
+    cmd = [sys.executable] + (["-c", code] if code else
+                              ["-m", "allocconf", *args])
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=child_env(env))
+
+
+def test_json_report_schema_without_a_driver():
+    proc = run("--json", env={"PYTORCH_CUDA_ALLOC_CONF":
+                              "garbage_collection_threshold:0.6"})
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["schema"] == 1
+    assert set(r) == {"schema", "allocconf", "python", "torch", "backend",
+                      "config", "expandable_segments", "status", "driver",
+                      "pidfd", "segments", "probe"}
+    assert r["torch"]["build"] == "CPU"
+    assert r["torch"]["setter"] == "torch._C._accelerator_setAllocatorSettings"
+    assert r["config"] == {
+        "user": "garbage_collection_threshold:0.6",
+        "source": "PYTORCH_CUDA_ALLOC_CONF",
+        "written": "garbage_collection_threshold:0.6,expandable_segments:True",
+        "live": "garbage_collection_threshold:0.6,expandable_segments:True",
+    }
+    assert r["expandable_segments"]["on"] is True
+    assert r["driver"]["driver"] is None
+    assert r["driver"]["devices"] == []
+    assert r["driver"]["error"].startswith("no CUDA driver")
+    assert r["pidfd"]["ok"] in (True, False, None)
+    assert set(r["pidfd"]["self"]) == {"ok", "step", "error"}
+    assert r["segments"] is None and r["probe"] is None
+    assert r["backend"] is None
+    assert set(r["status"]) == {"applied", "reason", "expandable_segments",
+                                "config", "source", "api", "torch_imported",
+                                "window_depth", "user_config", "advice"}
+
+
+def test_text_report_lines():
+    proc = run()
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("allocconf 0.1.0")
+    for label in ("torch:", "setter:", "backend:", "user config:", "written:",
+                  "live:", "expandable:", "driver:", "pidfd:"):
+        assert f"\n{label}" in out, label
+    assert "no CUDA driver" in out
+
+
+def test_report_without_torch():
+    proc = run(code="import sys, runpy; sys.modules['torch'] = None; "
+                    "sys.argv = ['allocconf', '--json']; "
+                    "runpy.run_module('allocconf', run_name='__main__')")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["torch"] is None
+    assert r["config"]["written"] is None
+    assert "torch not imported yet" in r["expandable_segments"]["reason"]
+
+
+def test_usage_error_exits_2():
+    proc = run("--bogus")
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --bogus" in proc.stderr
