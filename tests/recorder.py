@@ -4,17 +4,22 @@ Used inside child processes: `install()` before or after `import torch`;
 `CALLS` lists every string handed to torch, in order.  When torch is not
 imported yet, the wrap happens as soon as the torch._C extension loads,
 before torch's own __init__ (and so before allocconf) can look it up.
+The setter wrapped is torch's own, by capability: the 2.10+ one, else the
+2.1-2.9 CUDA one.
 """
 import importlib.machinery
+import os
 import sys
 
-NAME = "_accelerator_setAllocatorSettings"
+NAMES = ("_accelerator_setAllocatorSettings",
+         "_cuda_cudaCachingAllocator_set_allocator_settings")
 CALLS = []
 REJECT = set()  # strings the recorder refuses, to test torch refusing
 
 
 def _wrap(torch_c):
-    real = getattr(torch_c, NAME)
+    name = next(n for n in NAMES if hasattr(torch_c, n))
+    real = getattr(torch_c, name)
 
     def recorder(conf):
         CALLS.append(conf)
@@ -22,7 +27,7 @@ def _wrap(torch_c):
             raise ValueError(f"recorder refused {conf!r}")
         return real(conf)
 
-    setattr(torch_c, NAME, recorder)
+    setattr(torch_c, name, recorder)
 
 
 class _Finder:
@@ -50,7 +55,18 @@ def install():
 
 
 def live():
-    """The last string torch received (torch 2.13+ has a getter)."""
+    """The string torch holds: its own getter (torch 2.13+); before that,
+    the last string it received through the recorded setter, else the
+    variable it reads."""
     import torch
 
-    return torch._C._accelerator_getAllocatorSettings()
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if getter is not None:
+        return getter()
+    if CALLS:
+        return CALLS[-1]
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+                "PYTORCH_ALLOC_CONF"):
+        if var in os.environ:
+            return os.environ[var]
+    return ""

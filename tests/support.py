@@ -67,3 +67,24 @@ def run_json(*parts: str, env: Optional[Mapping[str, str]] = None,
     lines = proc.stdout.strip().splitlines()
     assert lines, f"child printed nothing; stderr:\n{proc.stderr}"
     return json.loads(lines[-1])
+
+
+def torch_facts() -> Dict[str, Any]:
+    """What the installed torch offers, asked in a child (an oracle for
+    the tests, independent of allocconf): the setter's dotted name,
+    whether it has the 2.13+ getter, whether it is a CPU-only build."""
+    return run_json("""
+        import torch
+        c = torch._C
+        setter = next((f"torch._C.{n}" for n in (
+            "_accelerator_setAllocatorSettings",
+            "_cuda_cudaCachingAllocator_set_allocator_settings")
+            if hasattr(c, n)), None)
+        print(json.dumps({
+            "setter": setter,
+            "getter": hasattr(c, "_accelerator_getAllocatorSettings"),
+            "new_setter": hasattr(c, "_accelerator_setAllocatorSettings"),
+            "cpu_only": torch.version.cuda is None
+                        and torch.version.hip is None,
+            "version": torch.__version__}))
+    """)

@@ -6,7 +6,7 @@ import pytest
 
 import allocconf
 from allocconf import AllocConfError, merge, parse
-from support import run_json
+from support import run_json, torch_facts
 
 # Strings a user may really have, from torch's docs and the facts document.
 VALID = [
@@ -309,6 +309,10 @@ def test_round_trip(conf):
 
 
 def test_torch_accepts_every_string_allocconf_produces():
+    if not torch_facts()["getter"]:
+        pytest.skip("needs torch 2.13+ (its setter keeps unknown keys, its "
+                    "getter reads them back); older CUDA builds refuse "
+                    "keys they do not know, by design")
     produced = set()
     for conf in CORPUS:
         produced.add(merge(conf))

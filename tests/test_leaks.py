@@ -55,7 +55,9 @@ CASES = {
 }
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 result = {}
-watched = [CONF, BAD, VALUE, torch, torch._C._accelerator_setAllocatorSettings]
+setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \
+    torch._C._cuda_cudaCachingAllocator_set_allocator_settings
+watched = [CONF, BAD, VALUE, torch, setter]
 for name, fn in CASES.items():
     for _ in range(2000):  # warm caches and free lists
         fn()
