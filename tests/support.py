@@ -88,3 +88,17 @@ def torch_facts() -> Dict[str, Any]:
                         and torch.version.hip is None,
             "version": torch.__version__}))
     """)
+
+
+def recorded_import(imports: str = "import allocconf, torch") -> str:
+    """Child-script text: install the setter recorder, run `imports` with
+    every warning recorded, then print {"warnings": [...], "calls": [...]}
+    (the messages, and the strings handed to torch) as JSON."""
+    return f"""
+import recorder; recorder.install()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    {imports}
+print(json.dumps({{"warnings": [str(w.message) for w in caught],
+                  "calls": recorder.CALLS}}))
+"""

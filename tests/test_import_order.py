@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from support import run_json, torch_facts
+from support import recorded_import, run_json, torch_facts
 
 # Print what happened: the setter calls, status(), and torch's live string.
 REPORT = """
@@ -123,15 +123,8 @@ def test_allocconf_auto_0_disables_the_import_time_write(auto):
 
 
 def test_unknown_allocconf_auto_value_warns_and_stays_on():
-    out = run_json("""
-        import recorder; recorder.install()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import allocconf
-        import torch
-        print(json.dumps({"warnings": [str(w.message) for w in caught],
-                          "calls": recorder.CALLS}))
-    """, env={"ALLOCCONF_AUTO": "maybe"})
+    out = run_json(recorded_import("import allocconf; import torch"),
+                   env={"ALLOCCONF_AUTO": "maybe"})
     assert len(out["warnings"]) == 1
     assert "ALLOCCONF_AUTO=maybe" in out["warnings"][0]
     assert out["calls"] == ["expandable_segments:True"]
@@ -171,14 +164,8 @@ def test_malformed_variable_warns_once_and_writes_nothing(first, second):
 
 
 def test_non_utf8_bytes_in_the_variable_warn_with_offset():
-    out = run_json("""
-        import os, recorder; recorder.install()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            import allocconf, torch
-        print(json.dumps({"warnings": [str(w.message) for w in caught],
-                          "calls": recorder.CALLS}))
-    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:6\udcff4"})
+    out = run_json(recorded_import(),
+                   env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:6\udcff4"})
     assert len(out["warnings"]) == 1
     assert "offset 19: byte 0xff is not printable ASCII" in out["warnings"][0]
     assert out["calls"] == []

@@ -5,19 +5,10 @@ import pytest
 from support import run_json
 
 LOOP = """
-import ctypes, gc, sys, tracemalloc
+import gc, sys, tracemalloc
 import allocconf, torch
 from allocconf import _C
-
-libc = ctypes.CDLL(None)
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-        "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc.mallinfo2.restype = MallInfo2
-
-def heap():
-    return libc.mallinfo2().uordblks + libc.mallinfo2().hblkhd
+from heap import in_use as heap
 
 CONF = "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:8],x:[a:b]"
 BAD = "expandable_segments:True,max_split_size_mb:10"
@@ -110,18 +101,10 @@ def test_pidfd_probe_does_not_leak_descriptors():
 def test_the_leak_check_can_fail(planted):
     # The same measurement sees a planted C leak of `planted` bytes a call.
     out = run_json(f"""
-        import ctypes
-        libc = ctypes.CDLL(None)
-        class MallInfo2(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_size_t) for n in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                "fsmblks", "uordblks", "fordblks", "keepcost")]
-        libc.mallinfo2.restype = MallInfo2
-        libc.malloc.restype = ctypes.c_void_p
-        before = libc.mallinfo2().uordblks + libc.mallinfo2().hblkhd
+        from heap import in_use, leak
+        before = in_use()
         for _ in range(100_000):
-            libc.malloc({planted})
-        after = libc.mallinfo2().uordblks + libc.mallinfo2().hblkhd
-        print(json.dumps((after - before) / 100_000))
+            leak({planted})
+        print(json.dumps((in_use() - before) / 100_000))
     """)
     assert out >= planted
