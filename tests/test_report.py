@@ -25,11 +25,14 @@ def test_json_report_schema_without_a_driver():
     facts = torch_facts()
     assert (r["torch"]["build"] == "CPU") is facts["cpu_only"]
     assert r["torch"]["setter"] == facts["setter"]
+    written = "garbage_collection_threshold:0.6,expandable_segments:True"
     assert r["config"] == {
         "user": "garbage_collection_threshold:0.6",
         "source": "PYTORCH_CUDA_ALLOC_CONF",
-        "written": "garbage_collection_threshold:0.6,expandable_segments:True",
-        "live": "garbage_collection_threshold:0.6,expandable_segments:True",
+        "written": written,
+        # Without torch 2.13's getter and with CUDA not started, torch
+        # cannot tell what it holds, and the report says so.
+        "live": written if facts["getter"] else None,
     }
     assert r["expandable_segments"]["on"] is True
     assert r["driver"]["driver"] is None
