@@ -15,7 +15,12 @@ inference engine keeps its weights.  Cold = the first sync; warm = the
 median of the next ones.  Extra memory = what the sender holds beyond
 its weights (the staging copies it holds).  Writes ipc_sync.json.
 
+With --receiver-device N (two GPUs) the receiver copies every tensor onto
+its own GPU N before checking, as a trainer-to-inference sync across GPUs
+does.
+
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--warm N]
+                                     [--receiver-device N]
 """
 from __future__ import annotations
 
@@ -42,12 +47,14 @@ def arg(name: str, default: int) -> int:
 
 
 TOTAL_GIB = arg("--gib", 8)
+RECEIVER_DEVICE = arg("--receiver-device", -1)
 WARM = arg("--warm", 5)
 COUNT = 512
 
 
-def receiver(inbox: Any, outbox: Any) -> None:
-    """Rebuild what arrives, check every element, answer."""
+def receiver(inbox: Any, outbox: Any, device: int) -> None:
+    """Rebuild what arrives (copied onto `device` unless it is -1), check
+    every element, answer."""
     torch.cuda.init()
     outbox.put("ready")
     while True:
@@ -61,7 +68,10 @@ def receiver(inbox: Any, outbox: Any) -> None:
             tensors = list(payload.split(sizes))
         else:
             tensors = payload
-        bad = torch.zeros((), dtype=torch.bool, device="cuda")
+        if device >= 0:
+            tensors = [t.to(f"cuda:{device}") for t in tensors]
+        bad = torch.zeros((), dtype=torch.bool,
+                          device=tensors[0].device if tensors else "cuda")
         for i, t in enumerate(tensors):
             bad |= (t != float(i % 200)).any()
         outbox.put(not bool(bad.item()))
@@ -70,7 +80,8 @@ def receiver(inbox: Any, outbox: Any) -> None:
 def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=receiver, args=(inbox, outbox))
+    proc = ctx.Process(target=receiver,
+                       args=(inbox, outbox, RECEIVER_DEVICE))
     proc.start()
     assert outbox.get(timeout=300) == "ready"
     sizes = [w.numel() for w in weights]
@@ -141,6 +152,7 @@ def main() -> None:
     print(f"direct / pack: warm x{summary['warm_ratio_direct_over_pack']:.1f},"
           f" cold x{summary['cold_ratio_direct_over_pack']:.1f}")
     save("ipc_sync", {"machine": machine(), "gib": TOTAL_GIB,
+                      "receiver_device": RECEIVER_DEVICE,
                       "tensors": COUNT, "approaches": results,
                       "summary": summary}, out_dir_arg())
 
