@@ -357,6 +357,30 @@ strings_swap(ac_state *st, strings *w)
     w->base_es = es;
 }
 
+/* Make `parsed` (held by torch as `raw`) the user's configuration, from
+ * `source`, with its strings built.  Lock held.  0, or -1 with an
+ * exception set and nothing changed; `parsed` is consumed either way. */
+static int
+adopt_user_locked(ac_state *st, ac_conf *parsed, PyObject *raw, int auto_on,
+                  const char *source)
+{
+    strings w = {NULL, NULL, NULL, -1};
+
+    if (build_strings(parsed, raw, auto_on, &w) < 0) {
+        ac_conf_clear(parsed);
+        return -1;
+    }
+    ac_conf_clear(&st->user);
+    st->user = *parsed;
+    *parsed = (ac_conf){NULL, 0, 0};
+    Py_XSETREF(st->user_raw, Py_NewRef(raw));
+    strings_swap(st, &w);
+    strings_clear(&w);
+    st->source = source;
+    st->auto_on = auto_on;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Writing                                                              */
 /* ------------------------------------------------------------------ */
@@ -494,7 +518,6 @@ load_locked(ac_state *st, PyObject *warnings)
     const char *name = NULL, *value = NULL;
     ac_conf parsed = {NULL, 0, 0};
     ac_error err;
-    strings w = {NULL, NULL, NULL, -1};
     PyObject *raw = NULL, *snap = NULL;
     int valid, auto_on, debug;
     size_t i;
@@ -555,18 +578,12 @@ load_locked(ac_state *st, PyObject *warnings)
     raw = PyUnicode_DecodeUTF8(value ? value : "",
                                value ? (Py_ssize_t)strlen(value) : 0,
                                "surrogateescape");
-    if (raw == NULL || build_strings(&parsed, raw, auto_on, &w) < 0) {
+    if (raw == NULL ||
+        adopt_user_locked(st, &parsed, raw, auto_on, name) < 0) {
         goto error;
     }
-    ac_conf_clear(&st->user);
-    st->user = parsed;
-    Py_XSETREF(st->env_raw, Py_NewRef(raw));
-    Py_XSETREF(st->user_raw, raw);
+    Py_XSETREF(st->env_raw, raw);
     Py_XSETREF(st->env_seen, snap);
-    strings_swap(st, &w);
-    strings_clear(&w);
-    st->source = name;
-    st->auto_on = auto_on;
     st->debug = debug;
     st->loaded = 1;
     {
@@ -719,7 +736,6 @@ adopt_live_locked(ac_state *st, PyObject *live, PyObject *warnings)
 {
     ac_conf parsed = {NULL, 0, 0};
     ac_error err;
-    strings w = {NULL, NULL, NULL, -1};
     const char *s;
     Py_ssize_t n;
     int same = PyUnicode_Compare(live, st->user_raw);
@@ -750,17 +766,7 @@ adopt_live_locked(ac_state *st, PyObject *live, PyObject *warnings)
                               "cannot read (%U); using %s",
                               msg, st->source ? st->source : "the defaults"));
     }
-    if (build_strings(&parsed, live, st->auto_on, &w) < 0) {
-        ac_conf_clear(&parsed);
-        return -1;
-    }
-    ac_conf_clear(&st->user);
-    st->user = parsed;
-    Py_XSETREF(st->user_raw, Py_NewRef(live));
-    strings_swap(st, &w);
-    strings_clear(&w);
-    st->source = "torch";
-    return 0;
+    return adopt_user_locked(st, &parsed, live, st->auto_on, "torch");
 }
 
 /* Find torch's setter, by capability.  Lock held; 0 or -1. */
@@ -917,7 +923,7 @@ ac_attach(ac_state *st, PyObject *torch)
 /* Append the text of one list element (a scalar, or a (k, v) pair) to
  * the list `parts`.  0 or -1. */
 static int
-list_item_text(PyObject *parts, PyObject *k, PyObject *v, const char *key)
+list_item_text(PyObject *parts, PyObject *k, PyObject *v)
 {
     PyObject *ks = NULL, *vs = NULL, *item = NULL;
     int rc = -1;
@@ -940,7 +946,6 @@ list_item_text(PyObject *parts, PyObject *k, PyObject *v, const char *key)
         rc = PyList_Append(parts, item);
     }
 done:
-    (void)key;
     Py_XDECREF(ks);
     Py_XDECREF(vs);
     Py_XDECREF(item);
@@ -949,7 +954,7 @@ done:
 
 /* A new str "[a:b,c:d]" from a dict or a sequence of pairs, or NULL. */
 static PyObject *
-list_text(PyObject *value, const char *key)
+list_text(PyObject *value)
 {
     PyObject *parts = PyList_New(0), *seq = NULL, *sep = NULL, *joined;
     PyObject *r = NULL;
@@ -962,7 +967,7 @@ list_text(PyObject *value, const char *key)
         PyObject *k, *v;
         Py_ssize_t pos = 0;
         while (PyDict_Next(value, &pos, &k, &v)) {
-            if (list_item_text(parts, k, v, key) < 0) {
+            if (list_item_text(parts, k, v) < 0) {
                 goto done;
             }
         }
@@ -977,10 +982,10 @@ list_text(PyObject *value, const char *key)
             int rc;
             if (PyTuple_Check(it) && PyTuple_GET_SIZE(it) == 2) {
                 rc = list_item_text(parts, PyTuple_GET_ITEM(it, 0),
-                                    PyTuple_GET_ITEM(it, 1), key);
+                                    PyTuple_GET_ITEM(it, 1));
             }
             else {
-                rc = list_item_text(parts, it, NULL, key);
+                rc = list_item_text(parts, it, NULL);
             }
             if (rc < 0) {
                 goto done;
@@ -1028,7 +1033,7 @@ ac_override_text(ac_state *st, const char *key, PyObject *value)
     }
     else if (PyDict_Check(value) || PyList_Check(value) ||
              PyTuple_Check(value)) {
-        text = list_text(value, key);
+        text = list_text(value);
     }
     else {
         return PyErr_Format(PyExc_TypeError,

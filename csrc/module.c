@@ -306,43 +306,6 @@ static PyType_Spec window_spec = {
     .slots = window_slots,
 };
 
-/* Shared by the two function entry points: 0 or -1. */
-static int
-window(PyObject *module, PyObject *enabled, int enter)
-{
-    int on = PyObject_IsTrue(enabled);
-    if (on < 0) {
-        return -1;
-    }
-    return ac_window(get_state(module), on, enter);
-}
-
-PyDoc_STRVAR(window_open_doc,
-             "_window_enter(enabled, /)\n--\n\n"
-             "Open a window holding expandable segments at `enabled`.");
-
-static PyObject *
-window_open(PyObject *module, PyObject *enabled)
-{
-    if (window(module, enabled, 1) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(window_close_doc,
-             "_window_exit(enabled, /)\n--\n\n"
-             "Close a window opened with the same `enabled`.");
-
-static PyObject *
-window_close(PyObject *module, PyObject *enabled)
-{
-    if (window(module, enabled, 0) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 PyDoc_STRVAR(trace_doc,
              "_trace(message, /)\n--\n\n"
              "Write `message` to stderr when ALLOCCONF_DEBUG is on.");
@@ -433,8 +396,6 @@ static PyMethodDef methods[] = {
     {"_load_environ", load_environ, METH_NOARGS, load_environ_doc},
     {"_attach", attach, METH_O, attach_doc},
     {"_live_config", live_config, METH_O, live_config_doc},
-    {"_window_enter", window_open, METH_O, window_open_doc},
-    {"_window_exit", window_close, METH_O, window_close_doc},
     {"_trace", trace, METH_O, trace_doc},
     {NULL, NULL, 0, NULL},
 };

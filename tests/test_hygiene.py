@@ -54,10 +54,14 @@ def test_the_core_is_a_compiled_extension():
     assert isinstance(loader, importlib.machinery.ExtensionFileLoader)
     assert allocconf._C.__file__.endswith(
         tuple(importlib.machinery.EXTENSION_SUFFIXES))
-    for name in ("parse", "merge", "configure", "status", "_window_enter",
-                 "_window_exit", "driver_info", "pidfd_probe"):
+    for name in ("parse", "merge", "configure", "status", "driver_info",
+                 "pidfd_probe"):
         assert type(getattr(allocconf._C, name)).__name__ == (
             "builtin_function_or_method")
+    # The windows' __enter__/__exit__ are C methods, not Python functions.
+    for name in ("__enter__", "__exit__"):
+        assert type(getattr(allocconf.expandable_segments, name)).__name__ \
+            == "method_descriptor"
 
 
 def test_error_and_warning_types():

@@ -47,8 +47,8 @@ CASES = {
     "backend_error": lambda: swallow(_C.configure, backend="cudaMallocAsync"),
     "window": lambda: allocconf.ipc_safe().__enter__() and
                       allocconf.ipc_safe().__exit__(None, None, None),
-    "window_fn": lambda: (_C._window_enter(False), _C._window_exit(False)),
-    "window_exit_error": lambda: swallow(_C._window_exit, True),
+    "window_exit_error": lambda: swallow(
+        _C.Window(True).__exit__, None, None, None),
     "new_window": lambda: allocconf.expandable_segments(True),
     "status": lambda: _C.status(),
     "driver_info": lambda: _C.driver_info(),

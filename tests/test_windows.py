@@ -164,7 +164,7 @@ def test_threads_share_one_process_wide_window():
 def test_unbalanced_exit_is_an_error_and_changes_nothing():
     before = live()
     with pytest.raises(RuntimeError, match="closed more often than"):
-        allocconf._C._window_exit(False)
+        allocconf.ipc_safe().__exit__(None, None, None)
     assert live() == before
 
 

@@ -67,7 +67,7 @@ def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
     setting, with nothing changed.
     """
     result: str = _C.configure(conf, **overrides)
-    _log("configure(): now %r", result)
+    _log(20, "configure(): now %r", result)  # INFO
     return result
 
 
@@ -198,13 +198,14 @@ def __getattr__(name: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def _log(msg: str, *args: Any) -> None:
-    """Log to the "allocconf" logger, importing logging only when torch
-    (which imports it anyway) or the user already has."""
+def _log(level: int, msg: str, *args: Any) -> None:
+    """Log to the "allocconf" logger at `level` (logging's numbers),
+    importing logging only when torch (which imports it anyway) or the
+    user already has."""
     if "logging" in sys.modules:
         import logging
 
-        logging.getLogger("allocconf").info(msg, *args)
+        logging.getLogger("allocconf").log(level, msg, *args)
 
 
 def _warn(messages: List[str]) -> None:
@@ -219,12 +220,10 @@ def _attach(torch: ModuleType) -> List[str]:
         _C._trace("attaching to torch")
         messages: List[str] = _C._attach(torch)
         st = _C.status()
-        _log("%s; config %r via %s", st["reason"], st["config"], st["api"])
-        if st["advice"]:
-            import logging  # torch has imported it already
-
-            for advice in st["advice"]:
-                logging.getLogger("allocconf").warning("%s", advice)
+        _log(20, "%s; config %r via %s", st["reason"], st["config"],
+             st["api"])  # INFO
+        for advice in st["advice"]:
+            _log(30, "%s", advice)  # WARNING
     except Exception as exc:
         return [f"allocconf: could not attach to torch: {exc!r}; the "
                 f"allocator was left as it was"]
