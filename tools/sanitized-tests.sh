@@ -19,7 +19,10 @@ trap 'rebuild ALLOCCONF_WERROR=1 >/dev/null' EXIT
 
 rebuild ALLOCCONF_WERROR=1 ALLOCCONF_DEBUG_BUILD=1 \
     ALLOCCONF_SANITIZE=address,undefined
-nm -D python/allocconf/_C*.so | grep -q __asan_report \
+# Not `nm | grep -q`: grep stops at the first match, nm dies of SIGPIPE,
+# and pipefail would call the check failed.
+symbols="$(nm -D python/allocconf/_C*.so)"
+grep -q __asan_report <<<"$symbols" \
     || { echo "the extension is not instrumented" >&2; exit 1; }
 preload="$("$cc" -print-file-name=libasan.so) $("$cc" -print-file-name=libubsan.so)"
 # detect_leaks=0: the interpreter itself "leaks" at exit; tests/test_leaks.py
