@@ -456,7 +456,11 @@ env_flag(const char *name, int dflt, int *valid)
     size_t i;
 
     *valid = 1;
-    if (v == NULL || v[0] == '\0') {
+    if (v == NULL) {
+        return dflt;
+    }
+    if (v[0] == '\0') { /* set but empty: a mistake worth a warning */
+        *valid = 0;
         return dflt;
     }
     for (i = 0; i < 4; i++) {
@@ -1361,7 +1365,7 @@ reason_locked(ac_state *st)
                                 "allocconf");
 }
 
-/* A new list of advice about the configuration in force (str each). */
+/* A new tuple of advice about the configuration in force (str each). */
 static PyObject *
 advice_locked(ac_state *st)
 {
@@ -1381,6 +1385,10 @@ advice_locked(ac_state *st)
             Py_CLEAR(list);
         }
         Py_XDECREF(a);
+    }
+    /* A tuple, so that the frozen Status built from it is hashable. */
+    if (list != NULL) {
+        Py_SETREF(list, PyList_AsTuple(list));
     }
     return list;
 }

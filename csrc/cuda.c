@@ -263,10 +263,13 @@ cu_pointer_ipc_capable(unsigned long long ptr)
     r = drv.pointer_attribute(&value, PTR_IS_LEGACY_IPC_CAPABLE,
                               (CUdeviceptr)ptr);
     if (r != CUDA_SUCCESS) {
+        /* PyErr_Format knows no %llx before Python 3.12. */
+        char hex[2 + 2 * sizeof(ptr) + 1];
+        snprintf(hex, sizeof(hex), "0x%llx", ptr);
         PyErr_Format(PyExc_RuntimeError,
                      "allocconf: the CUDA driver cannot tell whether "
-                     "0x%llx can be shared: %s",
-                     ptr, cu_error(&drv, r));
+                     "%s can be shared: %s",
+                     hex, cu_error(&drv, r));
         driver_close(&drv);
         return -1;
     }
