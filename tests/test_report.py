@@ -44,7 +44,8 @@ def test_json_report_schema_without_a_driver():
     assert r["backend"] is None
     assert set(r["status"]) == {"applied", "reason", "expandable_segments",
                                 "config", "source", "api", "torch_imported",
-                                "window_depth", "user_config", "advice"}
+                                "window_depth", "user_config", "advice",
+                                "warnings"}
 
 
 def test_text_report_lines():

@@ -50,7 +50,7 @@ def status() -> Status:
     """What allocconf did and why: an :class:`allocconf.Status`."""
     from allocconf._status import Status
 
-    return Status(**_C.status())
+    return Status(**_C.status(), warnings=tuple(_KEPT))
 
 
 def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
@@ -163,11 +163,16 @@ def check_ipc(tensors: Union[Mapping[str, Any], Any]) -> None:
     else:
         named = [(f"#{i}", t) for i, t in enumerate(tensors)]
     bad: List[str] = []
+    expandable = 0
     for name, t in named:
+        if not all(hasattr(t, a) for a in ("dtype", "shape", "device")):
+            bad.append(f"{name} ({type(t).__name__}: not a tensor)")
+            continue
         try:
             if ipc_capable(t):
                 continue
             why = "in an expandable segment"
+            expandable += 1
         except ValueError as exc:
             why = str(exc).replace("allocconf.ipc_capable: ", "")
         bad.append(
@@ -175,11 +180,14 @@ def check_ipc(tensors: Union[Mapping[str, Any], Any]) -> None:
             f"{list(t.shape)} on {t.device}: {why})"
         )
     if bad:
+        hint = (
+            " Those in expandable segments were most likely allocated "
+            "before the allocconf.ipc_safe() window: allocate or copy them "
+            "inside it." if expandable else ""
+        )
         raise ValueError(
-            f"allocconf.check_ipc: {len(bad)} of {len(named)} tensors cannot "
-            f"be shared by classic CUDA IPC: {', '.join(bad)}. They were "
-            f"most likely allocated before the allocconf.ipc_safe() window: "
-            f"allocate or copy them inside it."
+            f"allocconf.check_ipc: {len(bad)} of {len(named)} items cannot "
+            f"be shared by classic CUDA IPC: {', '.join(bad)}.{hint}"
         )
 
 
@@ -231,8 +239,19 @@ def _attach(torch: ModuleType) -> List[str]:
 
 
 def _on_torch(torch: ModuleType) -> None:
-    """The hook's callback, run when `import torch` finishes."""
-    _warn(_attach(torch))
+    """The hook's callback, run when `import torch` finishes.  Nothing may
+    raise out of here into the user's `import torch` (torch could never
+    be imported again in this process): a warning that the filters turn
+    into an exception goes to the "allocconf" logger and is kept in
+    status().warnings instead."""
+    for message in _attach(torch):
+        try:
+            warnings.warn(message, AllocConfWarning, stacklevel=2)
+        except Exception:
+            _KEPT.append(message)
+            import logging
+
+            logging.getLogger("allocconf").warning("%s", message)
 
 
 def _activate() -> List[str]:
@@ -249,9 +268,15 @@ def _activate() -> List[str]:
     return messages
 
 
-try:
-    _messages = _activate()
-except Exception as _exc:  # import-time problems warn, never raise
-    _messages = [f"allocconf: import-time activation failed: {_exc!r}"]
-_warn(_messages)
-del _messages
+# Warnings that could not be given as warnings (see _on_torch).  Kept
+# across importlib.reload, like the activation itself: the state lives in
+# _C, which a reload does not re-run, so a reload changes nothing.
+_KEPT: List[str] = globals().get("_KEPT", [])
+if not globals().get("_ACTIVATED"):
+    _ACTIVATED = True
+    try:
+        _messages = _activate()
+    except Exception as _exc:  # import-time problems warn, never raise
+        _messages = [f"allocconf: import-time activation failed: {_exc!r}"]
+    _warn(_messages)
+    del _messages

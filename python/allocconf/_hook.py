@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 class TorchFinder:
     """The finder: placed first in ``sys.meta_path`` by :func:`install`."""
 
+    _allocconf_finder = True
+
     def __init__(self, callback: Callback) -> None:
         self._callback = callback
 
@@ -35,7 +37,9 @@ class TorchFinder:
             return None
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
+            # Another allocconf finder (left by a reload of this module)
+            # would ask us back: skip them all, or the search recurses.
+            if find is None or getattr(finder, "_allocconf_finder", False):
                 continue
             spec: Optional[ModuleSpec] = find(name, path, target)
             if spec is None:
@@ -83,7 +87,12 @@ class _Loader:
 
 
 def install(callback: Callback) -> TorchFinder:
-    """Put a finder that calls ``callback(torch)`` first in sys.meta_path."""
+    """Put a finder that calls ``callback(torch)`` first in sys.meta_path;
+    one already there (any copy of this module's) is replaced, so that
+    there is never more than one."""
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if not getattr(f, "_allocconf_finder", False)
+    ]
     finder = TorchFinder(callback)
     sys.meta_path.insert(0, finder)
     return finder

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ class Status:
         advice: warnings about the configuration in force (logged to the
             "allocconf" logger when torch is imported), e.g. a
             max_split_size_mb that fights expandable segments.
+        warnings: allocconf's warnings that the warning filters would have
+            raised inside the user's ``import torch`` (``-W error``); they
+            went to the "allocconf" logger instead, so that the import
+            completed.
     """
 
     applied: bool
@@ -39,7 +43,8 @@ class Status:
     torch_imported: bool
     window_depth: int
     user_config: Optional[str]
-    advice: List[str]
+    advice: Tuple[str, ...]
+    warnings: Tuple[str, ...] = ()
 
     def as_dict(self) -> Dict[str, Any]:
         """The fields as a plain dict (for JSON)."""
