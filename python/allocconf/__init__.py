@@ -249,9 +249,7 @@ def _on_torch(torch: ModuleType) -> None:
             warnings.warn(message, AllocConfWarning, stacklevel=2)
         except Exception:
             _KEPT.append(message)
-            import logging
-
-            logging.getLogger("allocconf").warning("%s", message)
+            _log(30, "%s", message)  # WARNING; torch has imported logging
 
 
 def _activate() -> List[str]:
