@@ -9,12 +9,16 @@ Switches (environment variables, read at build time):
 The build fails loudly if the extension does not compile: there is no
 pure-Python fallback.
 """
+import glob
 import os
 import sys
 
 from setuptools import Extension, setup
 
-SOURCES = ["csrc/module.c", "csrc/conf.c", "csrc/apply.c", "csrc/cuda.c"]
+SOURCES = ["csrc/module.c", "csrc/conf.c", "csrc/keys.c", "csrc/state.c",
+           "csrc/errors.c", "csrc/environ.c", "csrc/torch.c",
+           "csrc/config.c", "csrc/overrides.c", "csrc/window.c",
+           "csrc/status.c", "csrc/cuda.c"]
 
 
 def _flags():
@@ -43,8 +47,7 @@ setup(
         Extension(
             "allocconf._C",
             sources=SOURCES,
-            depends=["csrc/conf.h", "csrc/apply.h", "csrc/cuda.h",
-                     "csrc/compat.h"],
+            depends=sorted(glob.glob("csrc/*.h")),
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             libraries=["dl"] if sys.platform.startswith("linux") else [],

@@ -52,10 +52,17 @@ PyErr_GetRaisedException(void)
     return value;
 }
 
+/* Steals exc; NULL clears the error indicator, as in 3.12. */
 static inline void
 PyErr_SetRaisedException(PyObject *exc)
 {
-    PyObject *type = (PyObject *)Py_TYPE(exc);
+    PyObject *type;
+
+    if (exc == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    type = (PyObject *)Py_TYPE(exc);
     Py_INCREF(type);
     PyErr_Restore(type, exc, PyException_GetTraceback(exc));
 }

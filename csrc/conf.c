@@ -3,13 +3,12 @@
  * configuration strings (see conf.h).
  *
  * The tokeniser mirrors PyTorch's ConfigTokenizer: ',' ':' '[' ']' are
- * tokens of their own and whitespace is dropped, even inside a word.  The
- * parser is stricter than PyTorch's where PyTorch would silently misread
- * (a negative size, "64.5" read as 64, a stray ']'), so that a mistake is
- * reported here, with its offset, rather than at the first CUDA
- * allocation.
+ * tokens of their own and whitespace is dropped, even inside a word.
+ * Values are checked by the rules in keys.c, which read numbers as torch
+ * does; what torch refuses is refused here first, with its offset, rather
+ * than half-applied by torch's setter.
  */
-#include "conf.h"
+#include "conf_impl.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -35,10 +34,10 @@ copy_clipped(char *dst, const char *src, size_t n)
     memcpy(dst + AC_ERR_TEXT - 4, "...", 4);
 }
 
-/* Fill *err; always returns -1 so callers can `return fail(...)`. */
-static int
-fail(ac_error *err, const char *key, size_t offset, const char *text,
-     size_t text_len, const char *fmt, ...)
+/* See conf_impl.h. */
+int
+ac_fail(ac_error *err, const char *key, size_t offset, const char *text,
+        size_t text_len, const char *fmt, ...)
 {
     va_list ap;
 
@@ -69,17 +68,8 @@ fail_nomem(ac_error *err)
 /* Tokeniser                                                            */
 /* ------------------------------------------------------------------ */
 
-/* A token: a separator (sep != 0) or a word, whose text (whitespace
- * removed) starts at text within the tokeniser's buffer. */
 typedef struct {
-    char sep;
-    size_t offset;
-    char *text;
-    size_t len;
-} token;
-
-typedef struct {
-    token *tok;
+    ac_token *tok;
     size_t n;
     char *buf; /* word texts, each NUL-terminated */
 } tokens;
@@ -115,7 +105,7 @@ tokenise(const char *s, size_t n, tokens *t, ac_error *err)
 
     /* At most one token per byte, and each word needs its bytes plus a
      * NUL: n + 1 bytes of text and n tokens cover every input. */
-    t->tok = malloc((n ? n : 1) * sizeof(token));
+    t->tok = malloc((n ? n : 1) * sizeof(ac_token));
     t->buf = malloc(2 * n + 1);
     t->n = 0;
     if (t->tok == NULL || t->buf == NULL) {
@@ -127,13 +117,13 @@ tokenise(const char *s, size_t n, tokens *t, ac_error *err)
 
         if (c == '\0') {
             tokens_free(t);
-            return fail(err, NULL, i, NULL, 0,
-                        "NUL character in the configuration");
+            return ac_fail(err, NULL, i, NULL, 0,
+                           "NUL character in the configuration");
         }
         if (c >= 0x7f || (c < 0x20 && !is_space(c))) {
             tokens_free(t);
-            return fail(err, NULL, i, NULL, 0,
-                        "byte 0x%02x is not printable ASCII", c);
+            return ac_fail(err, NULL, i, NULL, 0,
+                           "byte 0x%02x is not printable ASCII", c);
         }
         if (is_space(c)) {
             continue; /* dropped, as PyTorch does, even inside a word */
@@ -165,252 +155,6 @@ tokenise(const char *s, size_t n, tokens *t, ac_error *err)
         t->buf[pos++] = '\0';
     }
     t->n = ntok;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Values                                                               */
-/* ------------------------------------------------------------------ */
-
-/* Parse an unsigned decimal integer made of digits only.  Returns 0 and
- * sets *out, -1 for a malformed number, -2 when it exceeds 64 bits. */
-static int
-parse_uint(const char *s, uint64_t *out)
-{
-    uint64_t v = 0;
-
-    if (*s == '\0') {
-        return -1;
-    }
-    for (; *s; s++) {
-        unsigned d;
-        if (*s < '0' || *s > '9') {
-            return -1;
-        }
-        d = (unsigned)(*s - '0');
-        if (v > (UINT64_MAX - d) / 10) {
-            return -2;
-        }
-        v = v * 10 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-static int
-is_pow2(uint64_t v)
-{
-    return v != 0 && (v & (v - 1)) == 0;
-}
-
-/* Classify a plain decimal "D+(.D*)?" or ".D+" without floating point, so
- * that no locale can change the answer.  Returns -1 when malformed, else
- * 0 for a value of zero, 1 for 0 < x < 1, 2 for exactly 1, 3 for x > 1. */
-static int
-classify_decimal(const char *s)
-{
-    const char *p = s, *significant = NULL;
-    size_t int_len = 0, digits = 0;
-    int frac_nonzero = 0;
-
-    /* The integer part, leading zeros skipped: empty, "1", or more. */
-    for (; *p >= '0' && *p <= '9'; p++, digits++) {
-        if (significant == NULL && *p != '0') {
-            significant = p;
-        }
-        if (significant != NULL) {
-            int_len++;
-        }
-    }
-    if (*p == '.') {
-        for (p++; *p >= '0' && *p <= '9'; p++, digits++) {
-            frac_nonzero |= (*p != '0');
-        }
-    }
-    if (*p != '\0' || digits == 0) {
-        return -1;
-    }
-    if (int_len == 0) {
-        return frac_nonzero ? 1 : 0;
-    }
-    return (int_len == 1 && *significant == '1' && !frac_nonzero) ? 2 : 3;
-}
-
-typedef enum {
-    V_ANY,      /* unknown key: any word or list */
-    V_BOOL,     /* exactly True or False */
-    V_UINT_MIN, /* integer >= arg */
-    V_UINT_GT,  /* integer > arg */
-    V_OPEN01,   /* decimal, 0 < x < 1 */
-    V_CLOSED01, /* decimal, 0 <= x <= 1 */
-    V_POW2_MAX, /* power of two <= arg */
-    V_ROUNDUP,  /* power of two, or [interval:divisions,...] */
-    V_BACKEND,  /* native | cudaMallocAsync | hipMallocAsync */
-} value_kind;
-
-typedef struct {
-    const char *name;
-    value_kind kind;
-    uint64_t arg;
-} known_key;
-
-/* PyTorch 2.14's keys (c10 AcceleratorAllocatorConfig and
- * CUDAAllocatorConfig), with the HIP spellings it accepts. */
-static const known_key KNOWN_KEYS[] = {
-    {"max_split_size_mb", V_UINT_MIN, 20},
-    {"max_non_split_rounding_mb", V_UINT_MIN, 20},
-    {"garbage_collection_threshold", V_OPEN01, 0},
-    {"roundup_power2_divisions", V_ROUNDUP, 0},
-    {"expandable_segments", V_BOOL, 0},
-    {"large_segment_size_mb", V_UINT_GT, 10},
-    {"pinned_use_background_threads", V_BOOL, 0},
-    {"pinned_max_round_threshold_mb", V_UINT_MIN, 0},
-    {"pinned_max_cached_size_mb", V_UINT_MIN, 0},
-    {"backend", V_BACKEND, 0},
-    {"release_lock_on_cudamalloc", V_BOOL, 0},
-    {"release_lock_on_hipmalloc", V_BOOL, 0},
-    {"pinned_use_cuda_host_register", V_BOOL, 0},
-    {"pinned_use_hip_host_register", V_BOOL, 0},
-    {"pinned_num_register_threads", V_POW2_MAX, 128},
-    {"pinned_reserve_segment_size_mb", V_UINT_MIN, 1},
-    {"graph_capture_record_stream_reuse", V_BOOL, 0},
-    {"per_process_memory_fraction", V_CLOSED01, 0},
-    {"pinned_free_catch_all", V_BOOL, 0},
-    {"throw_on_cudamalloc_oom", V_BOOL, 0},
-};
-
-static const known_key *
-find_known(const char *key)
-{
-    size_t i;
-    for (i = 0; i < sizeof(KNOWN_KEYS) / sizeof(KNOWN_KEYS[0]); i++) {
-        if (strcmp(KNOWN_KEYS[i].name, key) == 0) {
-            return &KNOWN_KEYS[i];
-        }
-    }
-    return NULL;
-}
-
-int
-ac_key_is_known(const char *key)
-{
-    return find_known(key) != NULL;
-}
-
-/* Check one scalar word against its key's rule.  Returns 0, or -1 with
- * *err filled. */
-static int
-check_scalar(const char *key, const known_key *k, const token *w,
-             ac_error *err)
-{
-    uint64_t v = 0;
-    int rc;
-
-    switch (k ? k->kind : V_ANY) {
-    case V_ANY:
-        return 0;
-    case V_BOOL:
-        if (strcmp(w->text, "True") == 0 || strcmp(w->text, "False") == 0) {
-            return 0;
-        }
-        return fail(err, key, w->offset, w->text, w->len,
-                    "expected True or False (exactly), got '%s'", w->text);
-    case V_UINT_MIN:
-    case V_UINT_GT:
-    case V_POW2_MAX:
-        rc = parse_uint(w->text, &v);
-        if (rc == -2) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "integer out of range");
-        }
-        if (rc < 0) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "expected a non-negative integer, got '%s'", w->text);
-        }
-        if (k->kind == V_UINT_MIN && v < k->arg) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "must be >= %llu, got %llu",
-                        (unsigned long long)k->arg, (unsigned long long)v);
-        }
-        if (k->kind == V_UINT_GT && v <= k->arg) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "must be > %llu, got %llu", (unsigned long long)k->arg,
-                        (unsigned long long)v);
-        }
-        if (k->kind == V_POW2_MAX && (!is_pow2(v) || v > k->arg)) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "must be a power of two <= %llu, got %llu",
-                        (unsigned long long)k->arg, (unsigned long long)v);
-        }
-        return 0;
-    case V_OPEN01:
-    case V_CLOSED01:
-        rc = classify_decimal(w->text);
-        if (rc < 0) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "expected a plain decimal number, got '%s'", w->text);
-        }
-        if (k->kind == V_OPEN01 && rc != 1) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "must be between 0 and 1 (exclusive), got %s",
-                        w->text);
-        }
-        if (k->kind == V_CLOSED01 && rc > 2) {
-            return fail(err, key, w->offset, w->text, w->len,
-                        "must be between 0 and 1 (inclusive), got %s",
-                        w->text);
-        }
-        return 0;
-    case V_ROUNDUP:
-        rc = parse_uint(w->text, &v);
-        if (rc == 0 && is_pow2(v)) {
-            return 0;
-        }
-        return fail(err, key, w->offset, w->text, w->len,
-                    "expected a power of two or a list "
-                    "[interval:divisions,...], got '%s'",
-                    w->text);
-    case V_BACKEND:
-        if (strcmp(w->text, "native") == 0 ||
-            strcmp(w->text, "cudaMallocAsync") == 0 ||
-            strcmp(w->text, "hipMallocAsync") == 0) {
-            return 0;
-        }
-        return fail(err, key, w->offset, w->text, w->len,
-                    "expected native, cudaMallocAsync or hipMallocAsync, "
-                    "got '%s'",
-                    w->text);
-    }
-    return 0;
-}
-
-/* Check one roundup_power2_divisions list item "interval:divisions". */
-static int
-check_roundup_item(const char *key, const token *a, const token *b,
-                   ac_error *err)
-{
-    uint64_t v = 0;
-    int rc;
-
-    if (b == NULL) {
-        return fail(err, key, a->offset, a->text, a->len,
-                    "expected interval:divisions in the list, got '%s'",
-                    a->text);
-    }
-    if (strcmp(a->text, ">") != 0) {
-        rc = parse_uint(a->text, &v);
-        if (rc != 0 || !is_pow2(v)) {
-            return fail(err, key, a->offset, a->text, a->len,
-                        "interval must be a power of two or '>', got '%s'",
-                        a->text);
-        }
-    }
-    rc = parse_uint(b->text, &v);
-    if (rc != 0 || (v != 0 && !is_pow2(v))) {
-        return fail(err, key, b->offset, b->text, b->len,
-                    "divisions must be 0 or a power of two, got '%s'",
-                    b->text);
-    }
     return 0;
 }
 
@@ -463,20 +207,24 @@ fail_expected(ac_error *err, const char *key, const tokens *t, size_t i,
 {
     const char *got = describe(t, i);
     if (i >= t->n) {
-        return fail(err, key, end, NULL, 0, "expected %s, got %s", what, got);
+        return ac_fail(err, key, end, NULL, 0, "expected %s, got %s", what,
+                       got);
     }
     if (got == NULL) {
         char sep[2] = {t->tok[i].sep, '\0'};
-        return fail(err, key, t->tok[i].offset, sep, 1,
-                    "expected %s, got '%c'", what, t->tok[i].sep);
+        return ac_fail(err, key, t->tok[i].offset, sep, 1,
+                       "expected %s, got '%c'", what, t->tok[i].sep);
     }
-    return fail(err, key, t->tok[i].offset, got, t->tok[i].len,
-                "expected %s, got '%s'", what, got);
+    return ac_fail(err, key, t->tok[i].offset, got, t->tok[i].len,
+                   "expected %s, got '%s'", what, got);
 }
 
-static int
-is_key_name(const char *s)
+int
+ac_is_key_name(const char *s)
 {
+    if (*s == '\0') {
+        return 0;
+    }
     for (; *s; s++) {
         char c = *s;
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
@@ -494,7 +242,7 @@ static int
 parse_value(const tokens *t, size_t *i, size_t end, const char *key,
             char **norm, ac_error *err)
 {
-    const known_key *k = find_known(key);
+    const ac_key_rule *k = ac_rule(key);
     sbuf b = {NULL, 0, 0};
     size_t j = *i;
 
@@ -502,7 +250,7 @@ parse_value(const tokens *t, size_t *i, size_t end, const char *key,
         return fail_expected(err, key, t, j, end, "a value");
     }
     if (!t->tok[j].sep) {
-        if (check_scalar(key, k, &t->tok[j], err) < 0) {
+        if (ac_check_scalar(key, k, &t->tok[j], err) < 0) {
             return -1;
         }
         *norm = malloc(t->tok[j].len + 1);
@@ -513,16 +261,16 @@ parse_value(const tokens *t, size_t *i, size_t end, const char *key,
         return 0;
     }
     /* A list: '[' (item (',' item)* ','?)? ']', item = word (':' word)? */
-    if (k != NULL && k->kind != V_ROUNDUP && k->kind != V_ANY) {
-        return fail(err, key, t->tok[j].offset, "[", 1,
-                    "takes a single value, not a list");
+    if (!ac_rule_takes_list(k)) {
+        return ac_fail(err, key, t->tok[j].offset, "[", 1,
+                       "takes a single value, not a list");
     }
     if (sbuf_add(&b, "[", 1) < 0) {
         goto nomem;
     }
     j++;
     while (j < t->n && t->tok[j].sep != ']') {
-        const token *a = &t->tok[j], *v = NULL;
+        const ac_token *a = &t->tok[j], *v = NULL;
         if (a->sep) {
             fail_expected(err, key, t, j, end, "a list item");
             goto error;
@@ -535,8 +283,8 @@ parse_value(const tokens *t, size_t *i, size_t end, const char *key,
             v = &t->tok[j + 2];
             j += 2;
         }
-        if (k != NULL && k->kind == V_ROUNDUP &&
-            check_roundup_item(key, a, v, err) < 0) {
+        if (ac_rule_is_roundup(k) &&
+            ac_check_roundup_item(key, a, v, err) < 0) {
             goto error;
         }
         if ((b.len > 1 && sbuf_add(&b, ",", 1) < 0) ||
@@ -555,7 +303,7 @@ parse_value(const tokens *t, size_t *i, size_t end, const char *key,
         }
     }
     if (j >= t->n) {
-        fail(err, key, end, NULL, 0, "unclosed '[': expected ']'");
+        ac_fail(err, key, end, NULL, 0, "unclosed '[': expected ']'");
         goto error;
     }
     if (sbuf_add(&b, "]", 1) < 0) {
@@ -604,35 +352,6 @@ dup_n(const char *s, size_t n)
     return p;
 }
 
-/* Rules between keys.  torch checks max_split_size_mb and
- * max_non_split_rounding_mb against the large segment size (20 MB unless
- * large_segment_size_mb says otherwise); it reads the keys in order, but
- * allocconf may append keys, so the check here does not depend on order.
- * Returns 0, or -1 with *err filled. */
-static int
-check_relations(const ac_conf *c, ac_error *err)
-{
-    const char *large = ac_conf_get(c, "large_segment_size_mb");
-    uint64_t min = 20, v;
-    size_t i;
-
-    if (large != NULL && parse_uint(large, &v) == 0 && v > min) {
-        min = v;
-    }
-    for (i = 0; i < c->len; i++) {
-        const ac_entry *e = &c->items[i];
-        if ((strcmp(e->key, "max_split_size_mb") == 0 ||
-             strcmp(e->key, "max_non_split_rounding_mb") == 0) &&
-            parse_uint(e->value, &v) == 0 && v < min) {
-            return fail(err, e->key, e->value_offset, e->value,
-                        strlen(e->value),
-                        "must be >= large_segment_size_mb (%llu), got %llu",
-                        (unsigned long long)min, (unsigned long long)v);
-        }
-    }
-    return 0;
-}
-
 int
 ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err)
 {
@@ -643,7 +362,7 @@ ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err)
         return -1;
     }
     while (i < t.n) {
-        const token *k = &t.tok[i];
+        const ac_token *k = &t.tok[i];
         char *key = NULL, *value = NULL;
         size_t value_offset;
 
@@ -651,9 +370,10 @@ ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err)
             fail_expected(err, NULL, &t, i, n, "a key");
             goto error;
         }
-        if (!is_key_name(k->text)) {
-            fail(err, k->text, k->offset, k->text, k->len,
-                 "'%s' is not a key name (letters, digits and '_')", k->text);
+        if (!ac_is_key_name(k->text)) {
+            ac_fail(err, k->text, k->offset, k->text, k->len,
+                    "'%s' is not a key name (letters, digits and '_')",
+                    k->text);
             goto error;
         }
         if (i + 1 >= t.n || t.tok[i + 1].sep != ':') {
@@ -683,7 +403,7 @@ ac_conf_parse(const char *s, size_t n, ac_conf *out, ac_error *err)
         }
     }
     tokens_free(&t);
-    if (check_relations(out, err) < 0) {
+    if (ac_check_relations(out, err) < 0) {
         ac_conf_clear(out);
         return -1;
     }
@@ -702,9 +422,10 @@ ac_value_parse(const char *key, const char *value, char **norm, ac_error *err)
     size_t i = 0, n = strlen(value);
 
     *norm = NULL;
-    if (!is_key_name(key) || *key == '\0') {
-        return fail(err, key, 0, key, strlen(key),
-                    "'%s' is not a key name (letters, digits and '_')", key);
+    if (!ac_is_key_name(key)) {
+        return ac_fail(err, key, 0, key, strlen(key),
+                       "'%s' is not a key name (letters, digits and '_')",
+                       key);
     }
     if (tokenise(value, n, &t, err) < 0) {
         copy_clipped(err->key, key, strlen(key));
@@ -777,6 +498,108 @@ ac_conf_set(ac_conf *c, const char *key, const char *value)
         }
     }
     return 0;
+}
+
+/* An index of keys for ac_conf_update: open addressing over the patch's
+ * entries, each slot the index of that key's last entry plus one. */
+typedef struct {
+    size_t *slot;
+    unsigned char *placed;
+    size_t mask;
+} key_index;
+
+static size_t
+key_hash(const char *s)
+{
+    size_t h = 1469598103934665603u;
+    for (; *s; s++) {
+        h = (h ^ (unsigned char)*s) * 1099511628211u;
+    }
+    return h;
+}
+
+/* The slot for `key` in ix: where it is, or the empty one it would take. */
+static size_t
+key_find(const key_index *ix, const ac_conf *patch, const char *key)
+{
+    size_t h = key_hash(key) & ix->mask;
+    while (ix->slot[h] != 0 &&
+           strcmp(patch->items[ix->slot[h] - 1].key, key) != 0) {
+        h = (h + 1) & ix->mask;
+    }
+    return h;
+}
+
+int
+ac_conf_update(ac_conf *c, const ac_conf *patch)
+{
+    key_index ix = {NULL, NULL, 0};
+    ac_conf out = {NULL, 0, 0};
+    size_t i, n = 16;
+
+    while (n < 2 * patch->len) {
+        n *= 2;
+    }
+    ix.slot = calloc(n, sizeof(size_t));
+    ix.placed = calloc(n, 1);
+    ix.mask = n - 1;
+    if (ix.slot == NULL || ix.placed == NULL) {
+        goto nomem;
+    }
+    for (i = 0; i < patch->len; i++) { /* the last entry of a key wins */
+        ix.slot[key_find(&ix, patch, patch->items[i].key)] = i + 1;
+    }
+    /* Keys already there keep their first place; later duplicates go. */
+    for (i = 0; i < c->len; i++) {
+        const ac_entry *e = &c->items[i];
+        size_t h = key_find(&ix, patch, e->key);
+        const char *v = e->value;
+        char *k2, *v2;
+        if (ix.slot[h] != 0) {
+            v = ix.placed[h] ? NULL : patch->items[ix.slot[h] - 1].value;
+            ix.placed[h] = 1;
+            if (v == NULL) {
+                continue;
+            }
+        }
+        k2 = dup_n(e->key, strlen(e->key));
+        v2 = dup_n(v, strlen(v));
+        if (k2 == NULL || v2 == NULL ||
+            conf_append(&out, k2, v2, e->key_offset, e->value_offset) < 0) {
+            free(k2);
+            free(v2);
+            goto nomem;
+        }
+    }
+    /* New keys go last, in the order the patch first names them. */
+    for (i = 0; i < patch->len; i++) {
+        size_t h = key_find(&ix, patch, patch->items[i].key);
+        const ac_entry *last = &patch->items[ix.slot[h] - 1];
+        char *k2, *v2;
+        if (ix.placed[h] || last->value == NULL) {
+            ix.placed[h] = 1;
+            continue;
+        }
+        ix.placed[h] = 1;
+        k2 = dup_n(last->key, strlen(last->key));
+        v2 = dup_n(last->value, strlen(last->value));
+        if (k2 == NULL || v2 == NULL || conf_append(&out, k2, v2, 0, 0) < 0) {
+            free(k2);
+            free(v2);
+            goto nomem;
+        }
+    }
+    free(ix.slot);
+    free(ix.placed);
+    ac_conf_clear(c);
+    *c = out;
+    return 0;
+
+nomem:
+    free(ix.slot);
+    free(ix.placed);
+    ac_conf_clear(&out);
+    return -1;
 }
 
 const char *

@@ -4,8 +4,9 @@
  * Tokenises a configuration string exactly as PyTorch's ConfigTokenizer
  * does (separators ',' ':' '[' ']', whitespace dropped), validates the
  * keys PyTorch knows, keeps unknown keys verbatim, and serialises the
- * result canonically ("key:value,key:[a:b,c:d]").  No Python here, so the
- * fuzzer in fuzz/ links this file alone.
+ * result canonically ("key:value,key:[a:b,c:d]").  conf.c holds the
+ * grammar, keys.c the rules for known keys.  No Python here, so the fuzzer
+ * in fuzz/ links these two files alone.
  */
 #ifndef ALLOCCONF_CONF_H
 #define ALLOCCONF_CONF_H
@@ -21,7 +22,8 @@ typedef struct {
 } ac_entry;
 
 /* A parsed configuration: entries in the order written, duplicates kept
- * (PyTorch applies them in order, so the later one wins). */
+ * (PyTorch applies them in order, so the later one wins).  Used as a
+ * patch (ac_conf_update), an entry's value may be NULL: "remove". */
 typedef struct {
     ac_entry *items;
     size_t len;
@@ -56,6 +58,12 @@ int ac_value_parse(const char *key, const char *value, char **norm,
  * every occurrence.  Returns 0, or -1 when out of memory. */
 int ac_conf_set(ac_conf *c, const char *key, const char *value);
 
+/* Apply `patch` to c in one pass, as ac_conf_set would key by key: an
+ * entry of the patch whose value is NULL removes that key; for a key the
+ * patch names twice its last entry wins.  Linear in the sizes of both.
+ * Returns 0, or -1 when out of memory (c unchanged). */
+int ac_conf_update(ac_conf *c, const ac_conf *patch);
+
 /* The value in force for `key` (its last occurrence), or NULL. */
 const char *ac_conf_get(const ac_conf *c, const char *key);
 
@@ -69,7 +77,27 @@ int ac_conf_copy(ac_conf *dst, const ac_conf *src);
 /* Free every entry and leave c empty and reusable. */
 void ac_conf_clear(ac_conf *c);
 
+/* 1 when s can be a key: letters, digits and '_', at least one. */
+int ac_is_key_name(const char *s);
+
 /* 1 when `key` is one PyTorch's allocator documents, else 0. */
 int ac_key_is_known(const char *key);
+
+/* The keys torch keeps when a write leaves them out (facts §2):
+ * expandable_segments, large_segment_size_mb, expandable_segments_reserve
+ * and expandable_segments_reserve_by_class, numbered 0..AC_NSTICKY-1. */
+enum { AC_NSTICKY = 4 };
+
+/* The sticky keys of c: bit i set when c names key i, bit i + AC_NSTICKY
+ * when the value it gives is not torch's default; AC_STICKY_NAMED and
+ * AC_STICKY_OFF take the two halves apart. */
+unsigned ac_sticky_mask(const ac_conf *c);
+#define AC_STICKY_NAMED(m) ((m) & ((1u << AC_NSTICKY) - 1))
+#define AC_STICKY_OFF(m) ((m) >> AC_NSTICKY)
+
+/* Sticky key i's name, and the value that restores torch's default (NULL
+ * where torch has none it can be given back). */
+const char *ac_sticky_key(int i);
+const char *ac_sticky_default(int i);
 
 #endif /* ALLOCCONF_CONF_H */

@@ -1,11 +1,19 @@
 /*
- * module.c -- allocconf._C: the method table, argument parsing, the
- * module state's life cycle and PEP 489 multi-phase init.  The work is
- * done in conf.c (grammar), apply.c (state and writes) and cuda.c (the
- * CUDA driver, on demand).
+ * module.c -- allocconf._C, the binding only: the method table, argument
+ * parsing and PEP 489 multi-phase init.  Each job has its own room (see
+ * docs/design.md): conf.c and keys.c the grammar, state.c the state and
+ * its lock, environ.c the environment, torch.c torch's setter and getter,
+ * config.c the strings written, overrides.c keyword values, window.c the
+ * windows, status.c status(), errors.c AllocConfError, cuda.c the driver.
  */
-#include "apply.h"
+#include "config.h"
 #include "cuda.h"
+#include "environ.h"
+#include "errors.h"
+#include "overrides.h"
+#include "status.h"
+#include "torch.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,13 +99,21 @@ merge(PyObject *module, PyObject *args, PyObject *kwargs)
     PyObject *base, *r = NULL;
     ac_conf c = {NULL, 0, 0};
 
+    ac_conf patch = {NULL, 0, 0};
+
     if (!PyArg_ParseTuple(args, "U:merge", &base) ||
         parse_str(st, base, &c) < 0) {
         return NULL;
     }
-    if (kwargs == NULL || ac_apply_overrides(st, &c, kwargs) == 0) {
-        r = ac_checked_string(st, &c, NULL);
+    if (ac_overrides_patch(st, kwargs, &patch) == 0) {
+        if (ac_conf_update(&c, &patch) < 0) {
+            PyErr_NoMemory();
+        }
+        else {
+            r = ac_checked_string(st, &c, NULL);
+        }
     }
+    ac_conf_clear(&patch);
     ac_conf_clear(&c);
     return r;
 }
@@ -117,7 +133,9 @@ PyDoc_STRVAR(
 static PyObject *
 configure(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    PyObject *conf = Py_None;
+    ac_state *st = get_state(module);
+    ac_conf patch = {NULL, 0, 0};
+    PyObject *conf = Py_None, *r;
 
     if (!PyArg_ParseTuple(args, "|O:configure", &conf)) {
         return NULL;
@@ -128,8 +146,13 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
                             "not %.100s",
                             Py_TYPE(conf)->tp_name);
     }
-    return ac_configure(get_state(module), conf == Py_None ? NULL : conf,
-                        kwargs);
+    /* Every value becomes text here, before the state is locked. */
+    if (ac_overrides_patch(st, kwargs, &patch) < 0) {
+        return NULL;
+    }
+    r = ac_configure(st, conf == Py_None ? NULL : conf, &patch);
+    ac_conf_clear(&patch);
+    return r;
 }
 
 PyDoc_STRVAR(status_doc, "status()\n--\n\n"
@@ -181,131 +204,6 @@ live_config(PyObject *module, PyObject *torch)
     return r;
 }
 
-/* ------------------------------------------------------------------ */
-/* Window: the context manager behind expandable_segments()/ipc_safe()   */
-/* ------------------------------------------------------------------ */
-
-/* In C so that `with` calls __enter__/__exit__ without a Python frame:
- * a window then costs little more than the two setter calls it makes. */
-typedef struct {
-    PyObject_HEAD int enabled;
-} window_object;
-
-static int
-window_init(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    static char *kwlist[] = {"enabled", NULL};
-    PyObject *enabled;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:expandable_segments",
-                                     kwlist, &enabled)) {
-        return -1;
-    }
-    if (!PyBool_Check(enabled)) {
-        PyErr_Format(PyExc_TypeError,
-                     "allocconf.expandable_segments() takes True or False, "
-                     "not %R",
-                     enabled);
-        return -1;
-    }
-    ((window_object *)self)->enabled = enabled == Py_True;
-    return 0;
-}
-
-/* The PyCMethod signature is fixed, kwnames included. */
-static PyObject *
-window_enter(PyObject *self, PyTypeObject *defining_class,
-             PyObject *const *args, Py_ssize_t nargs,
-             PyObject *kwnames) // cppcheck-suppress constParameter
-{
-    ac_state *st = PyType_GetModuleState(defining_class);
-
-    (void)args;
-    if (nargs != 0 || kwnames != NULL) {
-        PyErr_SetString(PyExc_TypeError, "__enter__() takes no arguments");
-        return NULL;
-    }
-    if (ac_window(st, ((window_object *)self)->enabled, 1) < 0) {
-        return NULL;
-    }
-    return Py_NewRef(self);
-}
-
-static PyObject *
-window_exit(PyObject *self, PyTypeObject *defining_class,
-            PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
-{
-    ac_state *st = PyType_GetModuleState(defining_class);
-
-    (void)args;
-    (void)nargs; /* exc_type, exc, tb: the window closes whatever happened */
-    (void)kwnames;
-    if (ac_window(st, ((window_object *)self)->enabled, 0) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE; /* falsy: an exception propagates */
-}
-
-static PyObject *
-window_get_enabled(PyObject *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(((window_object *)self)->enabled);
-}
-
-static int
-window_traverse(PyObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self)); /* a heap type's instances own a reference */
-    return 0;
-}
-
-static void
-window_dealloc(PyObject *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-static PyMethodDef window_methods[] = {
-    {"__enter__", (PyCFunction)(void (*)(void))window_enter,
-     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
-     PyDoc_STR("Open the window.")},
-    {"__exit__", (PyCFunction)(void (*)(void))window_exit,
-     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
-     PyDoc_STR("Close the window; exceptions propagate.")},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef window_getset[] = {
-    {"enabled", window_get_enabled, NULL,
-     PyDoc_STR("The value held while the window is open."), NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot window_slots[] = {
-    {Py_tp_doc,
-     (void *)PyDoc_STR(
-         "Window(enabled)\n--\n\n"
-         "Holds expandable segments at `enabled` while open (the base of\n"
-         "allocconf.expandable_segments).")},
-    {Py_tp_init, window_init},
-    {Py_tp_new, PyType_GenericNew},
-    {Py_tp_methods, window_methods},
-    {Py_tp_getset, window_getset},
-    {Py_tp_traverse, window_traverse},
-    {Py_tp_dealloc, window_dealloc},
-    {0, NULL},
-};
-
-static PyType_Spec window_spec = {
-    .name = "allocconf._C.Window",
-    .basicsize = sizeof(window_object),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .slots = window_slots,
-};
-
 PyDoc_STRVAR(trace_doc,
              "_trace(message, /)\n--\n\n"
              "Write `message` to stderr when ALLOCCONF_DEBUG is on.");
@@ -318,6 +216,18 @@ trace(PyObject *module, PyObject *msg)
         return NULL;
     }
     ac_trace(get_state(module), s);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(after_fork_doc,
+             "_after_fork()\n--\n\n"
+             "Registered with os.register_at_fork(after_in_child=...) at "
+             "import:\na free lock, and only the forking thread's windows.");
+
+static PyObject *
+after_fork(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    ac_after_fork_child(get_state(module));
     Py_RETURN_NONE;
 }
 
@@ -397,6 +307,7 @@ static PyMethodDef methods[] = {
     {"_attach", attach, METH_O, attach_doc},
     {"_live_config", live_config, METH_O, live_config_doc},
     {"_trace", trace, METH_O, trace_doc},
+    {"_after_fork", after_fork, METH_NOARGS, after_fork_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -411,6 +322,36 @@ PyDoc_STRVAR(
     "allocconf could not do what it would have done (at import, or when\n"
     "torch was imported); the allocator was left as it was.");
 
+/* os.register_at_fork(after_in_child=module._after_fork), once: the
+ * module is never executed twice in a process (state.c).  0 or -1. */
+static int
+register_at_fork(PyObject *m)
+{
+    PyObject *os = PyImport_ImportModule("os"), *reg = NULL, *fn = NULL;
+    PyObject *args = NULL, *kwargs = NULL, *r = NULL;
+
+    if (os == NULL) {
+        return -1;
+    }
+    reg = PyObject_GetAttrString(os, "register_at_fork");
+    fn = PyObject_GetAttrString(m, "_after_fork");
+    args = PyTuple_New(0);
+    kwargs = fn == NULL ? NULL : Py_BuildValue("{sO}", "after_in_child", fn);
+    if (reg != NULL && args != NULL && kwargs != NULL) {
+        r = PyObject_Call(reg, args, kwargs);
+    }
+    Py_DECREF(os);
+    Py_XDECREF(reg);
+    Py_XDECREF(fn);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
 static int
 module_exec(PyObject *m)
 {
@@ -418,13 +359,9 @@ module_exec(PyObject *m)
     PyObject *defaults, *window_type;
     int rc;
 
-#if PY_VERSION_HEX < 0x030D0000
-    st->mutex = PyThread_allocate_lock();
-    if (st->mutex == NULL) {
-        PyErr_NoMemory();
+    if (ac_state_init(st) < 0) {
         return -1;
     }
-#endif
     defaults = Py_BuildValue("{sOsOsOsO}", "key", Py_None, "offset", Py_None,
                              "text", Py_None, "conf", Py_None);
     if (defaults == NULL) {
@@ -441,78 +378,34 @@ module_exec(PyObject *m)
     if (st->warning_type == NULL) {
         return -1;
     }
-    if (ac_init_keys(st) < 0) {
-        return -1;
-    }
-    st->auto_on = 1;
-    st->base_es = -1;
-    window_type = PyType_FromModuleAndSpec(m, &window_spec, NULL);
+    window_type = PyType_FromModuleAndSpec(m, &ac_window_spec, NULL);
     if (window_type == NULL) {
         return -1;
     }
     rc = PyModule_AddObjectRef(m, "Window", window_type);
     Py_DECREF(window_type);
-    if (rc < 0) {
-        return -1;
-    }
-    if (PyModule_AddObjectRef(m, "AllocConfError", st->error_type) < 0 ||
+    if (rc < 0 ||
+        PyModule_AddObjectRef(m, "AllocConfError", st->error_type) < 0 ||
         PyModule_AddObjectRef(m, "AllocConfWarning", st->warning_type) < 0) {
         return -1;
     }
-    return 0;
+    return register_at_fork(m);
 }
 
 static int
 module_traverse(PyObject *m, visitproc visit, void *arg)
 {
     ac_state *st = get_state(m);
-    size_t i;
-    if (st == NULL) {
-        return 0;
-    }
-    Py_VISIT(st->error_type);
-    Py_VISIT(st->warning_type);
-    for (i = 0; i < AC_NKEYS; i++) {
-        Py_VISIT(st->status_keys[i]);
-    }
-    Py_VISIT(st->setter);
-    Py_VISIT(st->api);
-    Py_VISIT(st->torch_version);
-    Py_VISIT(st->user_raw);
-    Py_VISIT(st->env_raw);
-    Py_VISIT(st->env_seen);
-    Py_VISIT(st->block_detail);
-    Py_VISIT(st->str_base);
-    Py_VISIT(st->str_on);
-    Py_VISIT(st->str_off);
-    Py_VISIT(st->in_force);
-    return 0;
+    return st == NULL ? 0 : ac_state_traverse(st, visit, arg);
 }
 
 static int
 module_clear(PyObject *m)
 {
     ac_state *st = get_state(m);
-    size_t i;
-    if (st == NULL) {
-        return 0;
+    if (st != NULL) {
+        ac_state_clear(st);
     }
-    Py_CLEAR(st->error_type);
-    Py_CLEAR(st->warning_type);
-    for (i = 0; i < AC_NKEYS; i++) {
-        Py_CLEAR(st->status_keys[i]);
-    }
-    Py_CLEAR(st->setter);
-    Py_CLEAR(st->api);
-    Py_CLEAR(st->torch_version);
-    Py_CLEAR(st->user_raw);
-    Py_CLEAR(st->env_raw);
-    Py_CLEAR(st->env_seen);
-    Py_CLEAR(st->block_detail);
-    Py_CLEAR(st->str_base);
-    Py_CLEAR(st->str_on);
-    Py_CLEAR(st->str_off);
-    Py_CLEAR(st->in_force);
     return 0;
 }
 
@@ -520,17 +413,9 @@ static void
 module_free(void *m)
 {
     ac_state *st = get_state((PyObject *)m);
-    if (st == NULL) {
-        return;
+    if (st != NULL) {
+        ac_state_free(st);
     }
-    module_clear((PyObject *)m);
-    ac_conf_clear(&st->user);
-#if PY_VERSION_HEX < 0x030D0000
-    if (st->mutex != NULL) {
-        PyThread_free_lock(st->mutex);
-        st->mutex = NULL;
-    }
-#endif
 }
 
 static PyModuleDef_Slot slots[] = {

@@ -89,11 +89,14 @@ recorder.REJECT.add("max_split_size_mb:256,expandable_segments:True")
 try:
     allocconf.configure(max_split_size_mb=256)
     out = None
-except ValueError as exc:
-    out = str(exc)
+except allocconf.AllocConfError as exc:  # as documented, not torch's own
+    out = [str(exc), str(exc.__cause__)]
 out = [out, allocconf.configure()]
 """)
-    assert out["out"][0].startswith("recorder refused")
+    message, cause = out["out"][0]
+    assert message.startswith("allocconf: torch refused "
+                              "'max_split_size_mb:256,expandable_segments:True'")
+    assert cause.startswith("recorder refused")
     assert out["out"][1] == "expandable_segments:True"
     assert out["live"] == "expandable_segments:True"
 

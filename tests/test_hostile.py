@@ -7,15 +7,21 @@ import json
 
 from support import run_script
 
-# torch refuses this value (it parses to 1.0); allocconf 0.1.0 accepted it,
-# so the write fails inside the hook and a warning is due there.
+# allocconf 0.1.0 accepted this value and torch refused it inside the
+# hook; allocconf now refuses it too (at `import allocconf`), so the tests
+# of a refusal inside the hook have the recorder refuse the write instead.
 REFUSED = "garbage_collection_threshold:.99999999999999999"
+REFUSE_WRITE = """
+import recorder; recorder.install()
+recorder.REJECT.add("expandable_segments:True")
+"""
 
 
 def test_warning_inside_import_torch_does_not_fail_the_import():
     # PRELUDE sets warnings.simplefilter("error"), as `-W error` and
     # pytest's filterwarnings = error do.
     proc = run_script(
+        REFUSE_WRITE,
         """
         import logging
         logging.basicConfig(level=logging.WARNING)
@@ -26,21 +32,21 @@ def test_warning_inside_import_torch_does_not_fail_the_import():
         print(json.dumps({"kept": list(st.warnings),
                           "torch": torch.__version__}))
         """,
-        env={"PYTORCH_CUDA_ALLOC_CONF": REFUSED},
     )
     out = json.loads(proc.stdout)
     assert out["torch"]
     assert len(out["kept"]) == 1
-    assert "garbage_collection_threshold" in out["kept"][0]
+    assert "torch refused 'expandable_segments:True'" in out["kept"][0]
     # The logger got it instead of the warnings machinery.
     assert "WARNING:allocconf:" in proc.stderr
-    assert "garbage_collection_threshold" in proc.stderr
+    assert "recorder refused" in proc.stderr
 
 
 def test_warning_outside_the_hook_still_raises_under_error_filter():
     # torch imported first: the warning comes from `import allocconf`,
     # which the user can see and catch; it stays a real warning.
     proc = run_script(
+        REFUSE_WRITE,
         """
         import torch
         try:
@@ -48,7 +54,6 @@ def test_warning_outside_the_hook_still_raises_under_error_filter():
         except Warning as exc:
             print(json.dumps(type(exc).__name__))
         """,
-        env={"PYTORCH_CUDA_ALLOC_CONF": REFUSED},
     )
     assert json.loads(proc.stdout) == "AllocConfWarning"
 

@@ -74,7 +74,9 @@ def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
 class expandable_segments(_C.Window):
     """Hold expandable segments at ``enabled`` inside a ``with`` block.
 
-    A context manager and a decorator (plain or ``async`` functions).
+    A context manager and a decorator of plain and ``async`` functions and
+    of generators and async generators, whose whole iteration then runs
+    inside the window.
     Windows nest and may be opened from any thread: expandable segments
     stay off while any ``ipc_safe()`` / ``expandable_segments(False)``
     window is open anywhere in the process, and the configuration from
@@ -93,6 +95,18 @@ class expandable_segments(_C.Window):
         import functools
         import inspect
 
+        if inspect.isasyncgenfunction(func):
+            return functools.wraps(func)(  # type: ignore[return-value]
+                _async_gen_in_window(self, func))
+        if inspect.isgeneratorfunction(func):
+
+            @functools.wraps(func)
+            def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                # The window spans the iteration, not only the creation.
+                with self:
+                    return (yield from func(*args, **kwargs))
+
+            return gen_wrapper  # type: ignore[return-value]
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
@@ -111,6 +125,33 @@ class expandable_segments(_C.Window):
 
     def __repr__(self) -> str:
         return f"allocconf.expandable_segments({self.enabled})"
+
+
+def _async_gen_in_window(window: expandable_segments,
+                         func: Callable[..., Any]) -> Callable[..., Any]:
+    """An async generator function that runs `func`'s iteration inside
+    `window`, forwarding asend/athrow/aclose (there is no `yield from` for
+    async generators)."""
+
+    async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+        agen = func(*args, **kwargs)
+        with window:
+            try:
+                item = await agen.__anext__()
+                while True:
+                    try:
+                        sent = yield item
+                    except GeneratorExit:
+                        await agen.aclose()
+                        raise
+                    except BaseException as exc:
+                        item = await agen.athrow(exc)
+                    else:
+                        item = await agen.asend(sent)
+            except StopAsyncIteration:
+                return
+
+    return agen_wrapper
 
 
 _IPC_SAFE = expandable_segments(False)

@@ -1,0 +1,28 @@
+/*
+ * torch.h -- finding torch's setter and getter, writing through the
+ * setter, reading back what torch holds, and attaching to torch when it
+ * has been imported.  torch is never imported from here: the Python side
+ * hands the module over once `import torch` has finished.
+ */
+#ifndef ALLOCCONF_TORCH_H
+#define ALLOCCONF_TORCH_H
+
+#include "state.h"
+
+/* Bring torch to the target string if it holds another, naming the
+ * sticky keys it would otherwise keep (facts §2).  Lock held.  Returns 0,
+ * or -1 with torch's exception set, torch given back what it held. */
+int ac_sync_locked(ac_state *st, const char *why);
+
+/* The configuration string torch holds now, where it can tell without
+ * initialising CUDA (the 2.13+ getter; the snapshot once CUDA is up).  A
+ * new str, or NULL with no exception set when torch cannot tell.  Runs
+ * torch's code: call it without the lock. */
+PyObject *ac_read_live(PyObject *torch);
+
+/* Attach to the torch module: find the setter, read the live string,
+ * write allocconf's configuration.  Returns a new list of warning texts,
+ * or NULL with an exception set (nothing changed in that case). */
+PyObject *ac_attach(ac_state *st, PyObject *torch);
+
+#endif /* ALLOCCONF_TORCH_H */
