@@ -1,0 +1,350 @@
+"""Regressions for the state under hostile conditions (issue 11, items 2,
+3 and 5-9): sticky keys, torch refusing, a second module state, fork(),
+user code under the lock, containers mutated by __str__, decorated
+generators.  Each runs in a fresh interpreter with warnings as errors and
+a timeout, since a failure here is often a hang or a crash."""
+import json
+import sys
+
+import pytest
+
+from support import run_json, run_script, torch_facts
+
+
+def needs_getter():
+    if not torch_facts()["getter"]:
+        pytest.skip("needs torch 2.13+ (its getter says what it holds)")
+
+
+HOLDS = """
+import allocconf, torch
+def holds():
+    # What torch holds, read back.  torch keeps expandable_segments when a
+    # write leaves it out, so only a string that names it says its value.
+    live = torch._C._accelerator_getAllocatorSettings()
+    return {"live": live,
+            "es": allocconf.parse(live).get("expandable_segments", "kept"),
+            "status": str(allocconf.status().expandable_segments)}
+"""
+
+
+# -- item 2: sticky keys -----------------------------------------------------
+
+def test_window_on_then_closed_names_expandable_segments_false():
+    # 0.1.0 wrote "max_split_size_mb:64" on exit: torch kept them ON.
+    needs_getter()
+    out = run_json(HOLDS, """
+        with allocconf.expandable_segments(True):
+            inside = holds()
+        print(json.dumps([inside, holds()]))
+    """, env={"ALLOCCONF_AUTO": "0",
+              "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    inside, after = out
+    assert inside["es"] == "True" == inside["status"]
+    assert after["es"] == "False" == after["status"]
+    assert "max_split_size_mb:64" in after["live"]
+
+
+def test_configure_removing_a_sticky_key_writes_its_default():
+    needs_getter()
+    out = run_json(HOLDS, """
+        allocconf.configure(expandable_segments=True, large_segment_size_mb=64)
+        on = holds()
+        allocconf.configure(expandable_segments=None,
+                            large_segment_size_mb=None)
+        print(json.dumps([on, holds()]))
+    """, env={"ALLOCCONF_AUTO": "0"})
+    on, off = out
+    assert on["es"] == "True" == on["status"]
+    assert off["es"] == "False" == off["status"]
+    assert "large_segment_size_mb:20" in off["live"]
+
+
+def test_removing_a_reserve_key_torch_holds_is_refused_with_its_name():
+    needs_getter()
+    out = run_json("""
+        import allocconf, torch
+        allocconf.configure(expandable_segments_reserve="0.5")
+        try:
+            allocconf.configure(expandable_segments_reserve=None)
+            err = None
+        except allocconf.AllocConfError as exc:
+            err = str(exc)
+        print(json.dumps([err, allocconf.status().config]))
+    """)
+    err, config = out
+    assert err.startswith("expandable_segments_reserve: torch keeps it")
+    assert "expandable_segments_reserve:0.5" in config
+
+
+# -- item 3: torch refuses ---------------------------------------------------
+
+def test_after_torch_refuses_status_tells_what_it_holds_and_windows_work():
+    out = run_json("""
+        import recorder; recorder.install()
+        recorder.REJECT.add("max_split_size_mb:64,expandable_segments:True")
+        import warnings
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            import allocconf, torch
+        st = allocconf.status()
+        with allocconf.ipc_safe():
+            inside = allocconf.status().expandable_segments
+        print(json.dumps({
+            "warned": [str(w.message) for w in seen],
+            "applied": st.applied, "es": st.expandable_segments,
+            "config": st.config, "reason": st.reason, "inside": inside,
+            "calls": recorder.CALLS, "live": recorder.live()}))
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert len(out["warned"]) == 1 and "torch refused" in out["warned"][0]
+    assert out["applied"] is False
+    assert out["es"] is False                     # 0.1.0 said True
+    assert out["config"] == "max_split_size_mb:64"  # what torch holds
+    assert "refused" in out["reason"] and "turned on" not in out["reason"]
+    assert out["inside"] is False
+    # The window wrote on what torch holds and gave it back.
+    assert out["calls"][-2:] == [
+        "max_split_size_mb:64,expandable_segments:False",
+        "max_split_size_mb:64"]
+    assert out["live"] == "max_split_size_mb:64"
+
+
+# -- item 5: one state per process -------------------------------------------
+
+def test_a_second_module_state_is_refused():
+    out = run_json("""
+        import importlib, sys
+        import allocconf
+        first = sys.modules.pop("allocconf._C")
+        try:
+            importlib.import_module("allocconf._C")
+            err = None
+        except ImportError as exc:
+            err = str(exc)
+        sys.modules["allocconf._C"] = first
+        print(json.dumps([err, allocconf.status().window_depth]))
+    """)
+    assert out[0].startswith("allocconf._C is already loaded in this process")
+    assert out[1] == 0
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12),
+                    reason="3.12+ refuses sub-interpreters by the module slot")
+def test_a_sub_interpreter_gets_no_second_state():
+    _testcapi = pytest.importorskip("_testcapi")
+    del _testcapi
+    proc = run_script("""
+        import _testcapi
+        import allocconf
+        code = "import sys; sys.path[:0] = %r; import allocconf._C" % sys.path
+        print(json.dumps(_testcapi.run_in_subinterp(code)))
+    """, check=True)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) != 0
+    assert "already loaded in this process" in proc.stderr
+
+
+# -- item 6: fork ------------------------------------------------------------
+
+FORK = """
+import os, threading, time, warnings
+def fork_and_report(child):
+    # 3.12+ warns about fork() with threads; the test means it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        signal_timeout = __import__("signal")
+        signal_timeout.alarm(10)  # a hang shows as a killed child
+        try:
+            os.write(1, (json.dumps(child()) + "\\n").encode())
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+"""
+
+
+def test_child_forked_while_another_thread_holds_the_lock_does_not_hang():
+    # A setter that takes a moment keeps the state lock held in a thread.
+    proc = run_script(FORK, """
+        import torch
+        real = torch._C._accelerator_setAllocatorSettings
+        def slow(conf):
+            time.sleep(0.5)
+            return real(conf)
+        torch._C._accelerator_setAllocatorSettings = slow
+        import allocconf
+        t = threading.Thread(
+            target=lambda: allocconf.configure(max_split_size_mb=64))
+        t.start()
+        time.sleep(0.2)          # the thread is inside the setter now
+        code = fork_and_report(lambda: [allocconf.status().config,
+                                        allocconf.status().window_depth])
+        t.join()
+        print(json.dumps(code))
+    """, timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == 0
+    assert json.loads(lines[0]) == [
+        "max_split_size_mb:64,expandable_segments:True", 0]
+
+
+def test_child_forked_inside_another_threads_window_has_none_open():
+    proc = run_script(FORK, """
+        import allocconf, torch
+        inside, release = threading.Event(), threading.Event()
+        def hold():
+            with allocconf.ipc_safe():
+                inside.set()
+                release.wait(30)
+        t = threading.Thread(target=hold)
+        t.start()
+        inside.wait(30)
+        def child():
+            st = allocconf.status()
+            with allocconf.ipc_safe():
+                pass             # and windows still work in the child
+            return [st.window_depth, st.expandable_segments,
+                    torch._C._accelerator_getAllocatorSettings()]
+        code = fork_and_report(child)
+        parent = allocconf.status().window_depth
+        release.set()
+        t.join()
+        print(json.dumps([code, parent]))
+    """, timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == [0, 1]
+    depth, es, live = json.loads(lines[0])
+    assert (depth, es) == (0, True)
+    if torch_facts()["getter"]:
+        assert live == "expandable_segments:True"
+
+
+def test_readme_states_the_fork_rules():
+    import os
+    with open(os.path.join(os.path.dirname(__file__), "..",
+                           "README.md")) as f:
+        readme = f.read()
+    assert "`fork()`: allocconf registers an at-fork handler" in readme
+
+
+# -- item 7: no user code under the lock -------------------------------------
+
+def test_a_str_that_calls_allocconf_works_inside_configure():
+    out = run_json("""
+        import allocconf, torch, threading
+        class CallsStatus:
+            def __str__(self):
+                allocconf.status()            # 0.1.0: RuntimeError
+                return "0.5"
+        class WaitsOnAThread:
+            def __str__(self):
+                t = threading.Thread(target=allocconf.status)
+                t.start()
+                t.join(10)                    # 0.1.0: deadlock
+                return "64" if not t.is_alive() else "stuck"
+        got = allocconf.configure(
+            roundup_power2_divisions=[(256, WaitsOnAThread())],
+            garbage_collection_threshold=CallsStatus.__str__(CallsStatus())
+        )
+        print(json.dumps(got))
+    """, timeout=60)
+    assert "roundup_power2_divisions:[256:64]" in out
+
+
+def test_a_str_calling_status_inside_a_list_value_of_configure():
+    out = run_json("""
+        import allocconf, torch
+        class K:
+            def __str__(self):
+                return str(allocconf.status().window_depth + 256)
+        print(json.dumps(allocconf.configure(
+            roundup_power2_divisions={K(): 2})))
+    """)
+    assert "roundup_power2_divisions:[256:2]" in out
+
+
+# -- item 8: containers mutated by __str__ -----------------------------------
+
+def test_str_that_empties_its_container_is_no_use_after_free():
+    proc = run_script("""
+        import allocconf
+        d, lst = {}, []
+        class K:
+            def __init__(self, box):
+                self.box = box
+            def __str__(self):
+                self.box.clear()       # frees the pair 0.1.0 still read
+                return "256"
+        class V:
+            def __str__(self):
+                return "4"
+        d[K(d)] = V()
+        lst.append((K(lst), V()))
+        print(json.dumps([allocconf.merge("", roundup_power2_divisions=d),
+                          allocconf.merge("", roundup_power2_divisions=lst),
+                          len(d), len(lst)]))
+    """, env={"PYTHONMALLOC": "debug"})
+    assert json.loads(proc.stdout) == [
+        "roundup_power2_divisions:[256:4]",
+        "roundup_power2_divisions:[256:4]", 0, 0]
+
+
+# -- item 9 ------------------------------------------------------------------
+
+def test_decorated_generators_iterate_inside_the_window():
+    out = run_json("""
+        import asyncio, allocconf
+        @allocconf.ipc_safe()
+        def gen():
+            yield allocconf.status().window_depth
+            got = yield allocconf.status().window_depth
+            yield got
+        @allocconf.ipc_safe()
+        async def agen():
+            yield allocconf.status().window_depth
+            await asyncio.sleep(0)
+            got = yield allocconf.status().window_depth
+            yield got
+        g = gen()
+        sync = [next(g), next(g), g.send("sent")]
+        g.close()
+        async def drive():
+            a = agen()
+            got = [await a.__anext__(), await a.__anext__(),
+                   await a.asend("sent")]
+            await a.aclose()
+            return got
+        print(json.dumps([sync, asyncio.run(drive()),
+                          allocconf.status().window_depth]))
+    """)
+    assert out == [[1, 1, "sent"], [1, 1, "sent"], 0]
+
+
+def test_exception_thrown_into_a_decorated_generator_closes_the_window():
+    out = run_json("""
+        import allocconf
+        @allocconf.ipc_safe()
+        def gen():
+            try:
+                yield 1
+            except KeyError:
+                yield "caught"
+        g = gen()
+        next(g)
+        caught = g.throw(KeyError("x"))
+        g.close()
+        print(json.dumps([caught, allocconf.status().window_depth]))
+    """)
+    assert out == ["caught", 0]
+
+
+def test_bad_override_key_name_points_at_the_key():
+    out = run_json("""
+        import allocconf
+        try:
+            allocconf.merge("", **{"bad-key": 1})
+        except allocconf.AllocConfError as exc:
+            print(json.dumps([exc.key, exc.offset, exc.conf]))
+    """)
+    assert out == ["bad-key", 0, "bad-key:1"]
