@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import HERE, machine, out_dir_arg  # noqa: E402
 
-ORDER = ["window_cost", "import_cost", "fragmentation", "ipc_sync"]
+ORDER = ["window_cost", "import_cost", "fragmentation", "ipc_sync",
+         "configure_scale"]
 
 
 def run(name: str, out: str, extra: List[str]) -> str:
@@ -136,6 +137,21 @@ def page(out: str, printed: Dict[str, str], command: str) -> str:
         lines += ["", f"direct / pack: warm x{s['warm_ratio_direct_over_pack']:.1f}"
                   f", cold x{s['cold_ratio_direct_over_pack']:.1f}.", "",
                   "```", printed.get("ipc_sync", "").strip(), "```", ""]
+    c = load(out, "configure_scale")
+    if c:
+        lines += ["## configure() as the configuration grows", "",
+                  "N unknown keys parsed, then merged in by configure(), each"
+                  " size in a fresh process.", "",
+                  "| keys | parse (ms) | configure (ms) | configure per key "
+                  "(us) |", "|---:|---:|---:|---:|"]
+        for r in c["rows"]:
+            lines.append(f"| {r['keys']} | {r['parse_s'] * 1e3:.1f} | "
+                         f"{r['configure_s'] * 1e3:.1f} | "
+                         f"{r['configure_us_per_key']:.2f} |")
+        lines += ["", f"Per-key time growth over the range: "
+                  f"**{c['per_key_growth']:.2f}x** (linear: about 1).", "",
+                  "```", printed.get("configure_scale", "").strip(), "```",
+                  ""]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@
  * anyway; it is never done at import.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE
+#define _GNU_SOURCE 1 /* as pyconfig.h spells it: no redefinition */
 #endif
 #include "cuda.h"
 
