@@ -5,8 +5,8 @@
  * does (separators ',' ':' '[' ']', whitespace dropped), validates the
  * keys PyTorch knows, keeps unknown keys verbatim, and serialises the
  * result canonically ("key:value,key:[a:b,c:d]").  conf.c holds the
- * grammar, keys.c the rules for known keys.  No Python here, so the fuzzer
- * in fuzz/ links these two files alone.
+ * grammar, keys.c the rules for known keys, edit.c the changes and the
+ * output.  No Python here, so the fuzzer in fuzz/ links these alone.
  */
 #ifndef ALLOCCONF_CONF_H
 #define ALLOCCONF_CONF_H

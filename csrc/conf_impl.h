@@ -25,6 +25,25 @@ int ac_fail(ac_error *err, const char *key, size_t offset, const char *text,
 #endif
     ;
 
+/* A growable string for building canonical values. */
+typedef struct {
+    char *s;
+    size_t len;
+    size_t cap;
+} sbuf;
+
+/* Append s[0:n] to b, keeping it NUL-terminated.  0, or -1 when out of
+ * memory. */
+int ac_sbuf_add(sbuf *b, const char *s, size_t n);
+
+/* Append an entry owning `key` and `value` to c.  0, or -1 when out of
+ * memory (nothing taken). */
+int ac_conf_append(ac_conf *c, char *key, char *value, size_t key_offset,
+                   size_t value_offset);
+
+/* A malloc'd copy of s[0:n], NUL-terminated, or NULL. */
+char *ac_dup_n(const char *s, size_t n);
+
 /* The rule for a key PyTorch knows (keys.c); NULL for an unknown key. */
 typedef struct ac_key_rule ac_key_rule;
 const ac_key_rule *ac_rule(const char *key);

@@ -28,44 +28,39 @@
 /* Numbers                                                              */
 /* ------------------------------------------------------------------ */
 
-/* An integer as std::stoull reads it.  0 with *out set, -1 when the word
- * has no digits where the number should start, -2 when out of range. */
+/* How a strtoull/strtod call that started at s and stopped at end went:
+ * 0, -1 when it read no number, -2 when out of range (errno ERANGE). */
+static int
+conversion(const char *s, const char *end)
+{
+    if (end == s) {
+        return -1;
+    }
+    return errno == ERANGE ? -2 : 0;
+}
+
+/* An integer as std::stoull reads it: 0 with *out set, or as
+ * conversion() says. */
 static int
 read_uint(const char *s, uint64_t *out)
 {
     char *end;
-    unsigned long long v;
 
     errno = 0;
-    v = strtoull(s, &end, 10);
-    if (end == s) {
-        return -1;
-    }
-    if (errno == ERANGE) {
-        return -2;
-    }
-    *out = (uint64_t)v;
-    return 0;
+    *out = (uint64_t)strtoull(s, &end, 10);
+    return conversion(s, end);
 }
 
-/* A fraction as std::stod reads it: 0 with *out set, -1 without a
- * number, -2 out of range (overflow or underflow). */
+/* A fraction as std::stod reads it (overflow and underflow out of
+ * range): 0 with *out set, or as conversion() says. */
 static int
 read_double(const char *s, double *out)
 {
     char *end;
-    double v;
 
     errno = 0;
-    v = strtod(s, &end);
-    if (end == s) {
-        return -1;
-    }
-    if (errno == ERANGE) {
-        return -2;
-    }
-    *out = v;
-    return 0;
+    *out = strtod(s, &end);
+    return conversion(s, end);
 }
 
 static int

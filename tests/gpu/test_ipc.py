@@ -90,7 +90,7 @@ def test_driver_tells_expandable_from_shareable_and_check_ipc_names_it():
     assert out["inside"] is True
     assert out["view"] is True
     assert out["ok"] is None
-    assert "1 of 2 tensors" in out["named"]
+    assert "1 of 2 items" in out["named"]
     assert "'outside' (float32[16777216] on cuda:0: in an expandable" in (
         out["named"])
     assert "'inside'" not in out["named"]

@@ -72,7 +72,9 @@ def test_malformed_variable_warns_with_key_and_offset_and_writes_nothing():
 def test_unknown_key_refused_by_torch_warns_at_import_and_is_handed_back():
     # allocconf keeps unknown keys (new torch versions add keys), so a typo
     # is torch's to refuse: allocconf says so at import, naming torch's
-    # reason, and hands torch back the string it held.
+    # reason, and hands torch back the string it held, with
+    # expandable_segments named at its default, since the refused string
+    # named it and torch keeps that key (it may have read it first).
     out = run_json("""
         import recorder; recorder.install()
         with warnings.catch_warnings(record=True) as caught:
@@ -87,9 +89,10 @@ def test_unknown_key_refused_by_torch_warns_at_import_and_is_handed_back():
                           "warnings": [str(w.message) for w in caught
                                        if "allocconf" in str(w.message)]}))
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"})
-    assert out["calls"] == ["expandable_segment:True,expandable_segments:True",
-                            "expandable_segment:True"]
+    assert out["calls"] == [
+        "expandable_segment:True,expandable_segments:True",
+        "expandable_segments:False,expandable_segment:True"]
     assert len(out["warnings"]) == 1
-    assert "torch rejected" in out["warnings"][0]
+    assert "torch refused" in out["warnings"][0]
     assert "Unrecognized key 'expandable_segment'" in out["warnings"][0]
     assert "expandable_segment" in (out["torch_says"] or "")

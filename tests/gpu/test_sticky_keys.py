@@ -49,16 +49,17 @@ def test_segments_after_configure_none_follow_status():
 
 
 def test_removing_large_segment_size_gives_torch_its_default_back():
+    # A 2 MiB request gets a segment of the large segment size (classic
+    # memory, so ALLOCCONF_AUTO=0): 20 MiB by default.
     out = run_json(PRELUDE, """
-        fresh()
-        default = settings()["large_segment_size"]
+        from gpu_helpers import segment_of
+        def segment_mib():
+            torch.cuda.empty_cache()
+            return segment_of(alloc(2))["total_size"] >> 20
+        default = segment_mib()
         allocconf.configure(large_segment_size_mb=64)
-        fresh()
-        set_ = settings()["large_segment_size"]
+        set_ = segment_mib()
         allocconf.configure(large_segment_size_mb=None)
-        fresh()
-        print(json.dumps([default, set_, settings()["large_segment_size"]]))
-    """)
-    default, set_, back = out
-    assert set_ == 64 << 20
-    assert back == default == 20 << 20
+        print(json.dumps([default, set_, segment_mib()]))
+    """, env={"ALLOCCONF_AUTO": "0"})
+    assert out == [20, 64, 20]
