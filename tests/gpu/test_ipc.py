@@ -95,5 +95,5 @@ def test_driver_tells_expandable_from_shareable_and_check_ipc_names_it():
         out["named"])
     assert "'inside'" not in out["named"]
     assert "ipc_safe() window" in out["named"]
-    assert "1 of 3 tensors" in out["positional"]
+    assert "1 of 3 items" in out["positional"]
     assert "#2 (float32" in out["positional"]
