@@ -96,3 +96,16 @@ def test_import_is_cheap():
              "ctypes", "allocconf._status"}
     assert heavy.isdisjoint(out), out
     assert "allocconf._C" in out and "allocconf._hook" in out
+
+
+def test_the_stub_names_every_function_of_the_extension():
+    import os
+    import allocconf._C as C
+
+    stub = os.path.join(os.path.dirname(allocconf.__file__), "_C.pyi")
+    with open(stub) as f:
+        text = f.read()
+    missing = [name for name in dir(C)
+               if callable(getattr(C, name)) and not name.startswith("__")
+               and f"def {name}(" not in text and f"class {name}" not in text]
+    assert missing == []
