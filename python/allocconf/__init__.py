@@ -64,7 +64,10 @@ def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
     keep holding expandable segments as they do until they close.
 
     Raises :class:`AllocConfError` naming the key and offset of a bad
-    setting, with nothing changed.
+    setting, or saying that torch refused the result (torch's own error is
+    its ``__cause__``), with nothing changed either way.  Values are turned
+    into text before anything is locked, so a value's ``__str__`` may call
+    allocconf.
     """
     result: str = _C.configure(conf, **overrides)
     _log(20, "configure(): now %r", result)  # INFO
@@ -85,7 +88,9 @@ class expandable_segments(_C.Window):
     torch is imported holds when torch arrives.
 
     Only new allocations follow the setting: tensors allocated before the
-    window stay where they are.  ``__enter__``/``__exit__`` are in C
+    window stay where they are.  If torch refuses the write, entering
+    raises :class:`AllocConfError` (torch's error as its ``__cause__``) and
+    the window is not open.  ``__enter__``/``__exit__`` are in C
     (``allocconf._C.Window``); this class adds the decorator.
     """
 
