@@ -134,3 +134,39 @@ def test_configure_refuses_to_merge_into_a_malformed_variable():
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:1"})
     assert "PYTORCH_CUDA_ALLOC_CONF is malformed" in out
     assert "fix it before configure()" in out
+
+
+def test_set_expandable_segments_keeps_every_other_key():
+    # verl's one-liner writes "expandable_segments:False" alone, which
+    # resets max_split_size_mb; the drop-in writes the full configuration.
+    out = run_json("""
+        import recorder; recorder.install()
+        import allocconf, torch
+        allocconf.set_expandable_segments(False)
+        off = [recorder.live(), allocconf.status().expandable_segments]
+        allocconf.set_expandable_segments(True)
+        on = [recorder.live(), allocconf.status().expandable_segments]
+        try:
+            allocconf.set_expandable_segments("False")
+            err = None
+        except TypeError as exc:
+            err = str(exc)
+        print(json.dumps([off, on, err, recorder.live()]))
+    """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    off, on, err, last = out
+    assert off == ["max_split_size_mb:64,expandable_segments:False", False]
+    assert on == ["max_split_size_mb:64,expandable_segments:True", True]
+    assert "takes True or False, not 'False'" in err
+    assert last == on[0]  # the refused call changed nothing
+
+
+def test_set_expandable_segments_inside_a_window_waits_for_it_to_close():
+    out = run_json("""
+        import recorder; recorder.install()
+        import allocconf, torch
+        with allocconf.ipc_safe():
+            allocconf.set_expandable_segments(True)
+            inside = recorder.live()
+        print(json.dumps([inside, recorder.live()]))
+    """, env={"ALLOCCONF_AUTO": "0"})
+    assert out == ["expandable_segments:False", "expandable_segments:True"]

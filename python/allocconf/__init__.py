@@ -32,6 +32,7 @@ __all__ = [
     "ipc_safe",
     "merge",
     "parse",
+    "set_expandable_segments",
     "status",
 ]
 
@@ -72,6 +73,24 @@ def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
     result: str = _C.configure(conf, **overrides)
     _log(20, "configure(): now %r", result)  # INFO
     return result
+
+
+def set_expandable_segments(enable: bool) -> None:
+    """Turn expandable segments on or off, keeping every other setting.
+
+    A drop-in for the one-liner RL frameworks copy (verl's
+    ``set_expandable_segments(enable)``, which writes
+    ``expandable_segments:{enable}`` through torch's setter and so resets
+    the user's ``max_split_size_mb`` and friends): this is
+    ``configure(expandable_segments=enable)``, under allocconf's lock, with
+    the full configuration written.  Open windows keep holding what they
+    hold until they close.
+    """
+    if not isinstance(enable, bool):
+        raise TypeError(
+            f"allocconf.set_expandable_segments() takes True or False, not "
+            f"{enable!r}")
+    configure(expandable_segments=enable)
 
 
 class expandable_segments(_C.Window):
