@@ -29,9 +29,8 @@ strings_clear(strings *w)
     Py_CLEAR(w->off);
 }
 
-/* expandable_segments in c: 1, 0, or -1 when not set. */
-static int
-conf_es(const ac_conf *c)
+int
+ac_conf_es(const ac_conf *c)
 {
     const char *v = ac_conf_get(c, "expandable_segments");
     if (v == NULL) {
@@ -74,7 +73,7 @@ with_es(const ac_conf *user, int es, unsigned *mask)
 static int
 build_strings(const ac_conf *user, PyObject *raw, int auto_on, strings *w)
 {
-    int user_es = conf_es(user);
+    int user_es = ac_conf_es(user);
     int base_es = user_es >= 0 ? user_es : (auto_on ? 1 : -1);
 
     w->base_es = base_es;

@@ -9,6 +9,9 @@
 #include "overrides.h"
 #include "state.h"
 
+/* expandable_segments in c: 1, 0, or -1 when not set. */
+int ac_conf_es(const ac_conf *c);
+
 /* Make `parsed` (held by torch as `raw`) the user's configuration, from
  * `source`, with its strings built.  Lock held.  0, or -1 with an
  * exception set and nothing changed; `parsed` is consumed either way. */

@@ -6,22 +6,12 @@
 #include "status.h"
 #include "config.h"
 
-#include <string.h>
-
-/* expandable_segments in c: 1, 0, or -1 when not set. */
-static int
-conf_es(const ac_conf *c)
-{
-    const char *v = ac_conf_get(c, "expandable_segments");
-    return v == NULL ? -1 : strcmp(v, "True") == 0;
-}
-
 /* A new str saying why expandable segments are or are not on. */
 static PyObject *
 reason_locked(ac_state *st)
 {
     const char *src = st->source ? st->source : "the environment";
-    int user_es = conf_es(&st->user);
+    int user_es = ac_conf_es(&st->user);
 
     switch (st->block) {
     case AC_BLOCK_MALFORMED:
@@ -108,7 +98,7 @@ advice_locked(ac_state *st)
     PyObject *list = PyList_New(0);
 
     if (list != NULL && st->block == AC_OK && st->refused == NULL &&
-        st->base_es == 1 && conf_es(&st->user) < 0 &&
+        st->base_es == 1 && ac_conf_es(&st->user) < 0 &&
         ac_conf_get(&st->user, "max_split_size_mb") != NULL) {
         PyObject *a = PyUnicode_FromFormat(
             "max_split_size_mb is set (in %s) and allocconf turns "
