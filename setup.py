@@ -18,7 +18,7 @@ from setuptools import Extension, setup
 SOURCES = ["csrc/module.c", "csrc/conf.c", "csrc/edit.c", "csrc/keys.c",
            "csrc/state.c", "csrc/errors.c", "csrc/environ.c", "csrc/torch.c",
            "csrc/config.c", "csrc/overrides.c", "csrc/window.c",
-           "csrc/status.c", "csrc/cuda.c"]
+           "csrc/status.c", "csrc/cuda.c", "csrc/neighbours.c"]
 
 
 def _flags():

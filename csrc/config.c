@@ -116,13 +116,21 @@ strings_swap(ac_state *st, strings *w)
     *w = old;
 }
 
+/* Whether allocconf's default (expandable segments on) goes into the
+ * strings: ALLOCCONF_AUTO, unless it stepped back for a neighbour. */
+static int
+default_on(const ac_state *st, int auto_on)
+{
+    return auto_on && st->stepped_back == NULL;
+}
+
 int
 ac_adopt_user_locked(ac_state *st, ac_conf *parsed, PyObject *raw, int auto_on,
                      const char *source)
 {
     strings w = {NULL, NULL, NULL, -1, 0, 0, 0};
 
-    if (build_strings(parsed, raw, auto_on, &w) < 0) {
+    if (build_strings(parsed, raw, default_on(st, auto_on), &w) < 0) {
         ac_conf_clear(parsed);
         return -1;
     }
@@ -237,14 +245,106 @@ merge_refusal_locked(ac_state *st, const ac_conf *merged, unsigned mask)
 }
 
 PyObject *
-ac_configure(ac_state *st, PyObject *conf, const ac_conf *patch)
+ac_merge_write_locked(ac_state *st, const ac_conf *add, const ac_conf *patch,
+                      PyObject *writer, int foreign, ac_outcome *o)
 {
-    ac_conf add = {NULL, 0, 0}, merged = {NULL, 0, 0}, old_user;
+    ac_conf merged = {NULL, 0, 0}, old_user;
     strings w = {NULL, NULL, NULL, -1, 0, 0, 0};
-    PyObject *raw = NULL, *old_raw, *result = NULL, *refusal = NULL;
-    PyObject *torch_exc = NULL, *target = NULL;
+    PyObject *raw = NULL, *old_raw, *old_writer, *result = NULL;
     int old_configured;
     unsigned mask;
+
+    if (!st->loaded) {
+        /* Only reached when _C is used without the package's __init__. */
+        PyObject *ignored = PyList_New(0);
+        int rc = ignored == NULL ? -1 : ac_load_locked(st, ignored);
+        Py_XDECREF(ignored);
+        if (rc < 0) {
+            return NULL;
+        }
+    }
+    if (st->block == AC_BLOCK_MALFORMED) {
+        o->refusal = PyUnicode_FromFormat(
+            "allocconf: %s is malformed (%V); fix it before configure() can "
+            "merge into it",
+            st->source, st->block_detail, "?");
+        return NULL;
+    }
+    if (ac_conf_copy(&merged, &st->user) < 0 ||
+        (add != NULL && ac_conf_update(&merged, add) < 0) ||
+        (patch != NULL && ac_conf_update(&merged, patch) < 0)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    raw = ac_checked_string(st, &merged, "backend");
+    if (raw == NULL ||
+        build_strings(&merged, raw, default_on(st, st->auto_on), &w) < 0) {
+        goto done;
+    }
+    /* A foreign write only names keys, and torch keeps what it keeps
+     * whatever allocconf thinks: no refusal of allocconf's for it. */
+    if (!foreign) {
+        o->refusal = merge_refusal_locked(st, &merged, w.mask_base);
+        if (o->refusal != NULL || PyErr_Occurred()) {
+            goto done;
+        }
+    }
+    /* Commit, write, and roll back if torch refuses. */
+    old_user = st->user;
+    old_raw = st->user_raw;
+    old_writer = st->writer;
+    old_configured = st->configured;
+    st->user = merged;
+    st->user_raw = raw;
+    st->writer = Py_NewRef(writer);
+    st->configured = 1;
+    strings_swap(st, &w);
+    if (ac_sync_locked(st, foreign ? "kept a write by another component; "
+                                     "wrote"
+                                   : "configure() wrote") < 0) {
+        o->torch_exc = PyErr_GetRaisedException();
+        o->target = Py_NewRef(ac_target_locked(st, &mask));
+        st->user = old_user;
+        st->user_raw = old_raw;
+        Py_SETREF(st->writer, old_writer);
+        st->configured = old_configured;
+        strings_swap(st, &w);
+        goto done; /* merged and raw are freed below */
+    }
+    ac_conf_clear(&old_user);
+    Py_XDECREF(old_raw);
+    Py_XDECREF(old_writer);
+    merged = (ac_conf){NULL, 0, 0};
+    raw = NULL;
+    result = Py_NewRef(st->str_base);
+done:
+    ac_conf_clear(&merged);
+    Py_XDECREF(raw);
+    strings_clear(&w);
+    return result;
+}
+
+int
+ac_rebuild_locked(ac_state *st)
+{
+    strings w = {NULL, NULL, NULL, -1, 0, 0, 0};
+
+    if (build_strings(&st->user, st->user_raw, default_on(st, st->auto_on),
+                      &w) < 0) {
+        return -1;
+    }
+    strings_swap(st, &w);
+    strings_clear(&w);
+    return 0;
+}
+
+PyObject *
+ac_configure(ac_state *st, PyObject *conf, const ac_conf *patch)
+{
+    static const char writer_text[] = "allocconf.configure()";
+    ac_conf add = {NULL, 0, 0};
+    ac_outcome o = {NULL, NULL, NULL};
+    PyObject *result, *writer;
     ac_error err;
 
     /* The new text is parsed before the lock: nothing of the user's runs
@@ -259,74 +359,22 @@ ac_configure(ac_state *st, PyObject *conf, const ac_conf *patch)
             return ac_raise(st, &err, conf);
         }
     }
-    if (ac_lock(st) < 0) {
+    writer = PyUnicode_FromString(writer_text);
+    if (writer == NULL || ac_lock(st) < 0) {
+        Py_XDECREF(writer);
         ac_conf_clear(&add);
         return NULL;
     }
-    if (!st->loaded) {
-        /* Only reached when _C is used without the package's __init__. */
-        PyObject *ignored = PyList_New(0);
-        int rc = ignored == NULL ? -1 : ac_load_locked(st, ignored);
-        Py_XDECREF(ignored);
-        if (rc < 0) {
-            goto done;
-        }
-    }
-    if (st->block == AC_BLOCK_MALFORMED) {
-        refusal = PyUnicode_FromFormat(
-            "allocconf: %s is malformed (%V); fix it before configure() can "
-            "merge into it",
-            st->source, st->block_detail, "?");
-        goto done;
-    }
-    if (ac_conf_copy(&merged, &st->user) < 0 ||
-        ac_conf_update(&merged, &add) < 0 ||
-        (patch != NULL && ac_conf_update(&merged, patch) < 0)) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    raw = ac_checked_string(st, &merged, "backend");
-    if (raw == NULL || build_strings(&merged, raw, st->auto_on, &w) < 0) {
-        goto done;
-    }
-    refusal = merge_refusal_locked(st, &merged, w.mask_base);
-    if (refusal != NULL || PyErr_Occurred()) {
-        goto done;
-    }
-    /* Commit, write, and roll back if torch refuses. */
-    old_user = st->user;
-    old_raw = st->user_raw;
-    old_configured = st->configured;
-    st->user = merged;
-    st->user_raw = raw;
-    st->configured = 1;
-    strings_swap(st, &w);
-    if (ac_sync_locked(st, "configure() wrote") < 0) {
-        torch_exc = PyErr_GetRaisedException();
-        target = Py_NewRef(ac_target_locked(st, &mask));
-        st->user = old_user;
-        st->user_raw = old_raw;
-        st->configured = old_configured;
-        strings_swap(st, &w);
-        goto done; /* merged and raw are freed below */
-    }
-    ac_conf_clear(&old_user);
-    Py_XDECREF(old_raw);
-    merged = (ac_conf){NULL, 0, 0};
-    raw = NULL;
-    result = Py_NewRef(st->str_base);
-done:
+    result = ac_merge_write_locked(st, &add, patch, writer, 0, &o);
     ac_unlock(st);
-    if (refusal != NULL) {
-        ac_raise_plain(st, refusal, NULL);
+    if (o.refusal != NULL) {
+        ac_raise_plain(st, o.refusal, NULL);
     }
-    if (target != NULL) {
-        ac_raise_refused(st, target, torch_exc);
-        Py_DECREF(target);
+    if (o.target != NULL) {
+        ac_raise_refused(st, o.target, o.torch_exc);
+        Py_DECREF(o.target);
     }
+    Py_DECREF(writer);
     ac_conf_clear(&add);
-    ac_conf_clear(&merged);
-    Py_XDECREF(raw);
-    strings_clear(&w);
     return result;
 }

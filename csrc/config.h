@@ -33,6 +33,28 @@ PyObject *ac_target_locked(ac_state *st, unsigned *mask);
 PyObject *ac_checked_string(ac_state *st, const ac_conf *c,
                             const char *skip_key);
 
+/* What stopped a merge, when it did not come back: allocconf's reason
+ * (refusal), or torch's exception and the string it refused. */
+typedef struct {
+    PyObject *refusal;   /* str, or NULL */
+    PyObject *torch_exc; /* torch's exception, or NULL */
+    PyObject *target;    /* the string torch refused, or NULL */
+} ac_outcome;
+
+/* Merge `add` and `patch` (each may be NULL) into the user's
+ * configuration, commit, and write it, naming `writer` (a str) in
+ * status().  `foreign`: a write by another component, which allocconf
+ * never refuses.  Lock held.  The new configuration as a new str; or NULL
+ * with an exception set, or with o->refusal, or with o->torch_exc and
+ * o->target set; the state is unchanged then. */
+PyObject *ac_merge_write_locked(ac_state *st, const ac_conf *add,
+                                const ac_conf *patch, PyObject *writer,
+                                int foreign, ac_outcome *o);
+
+/* Build the strings again from the user's configuration (after the
+ * default changed).  Lock held.  0, or -1 with an exception set. */
+int ac_rebuild_locked(ac_state *st);
+
 /* Merge `conf` (a str, or NULL) and `patch` into the user's configuration
  * and write it.  The new configuration as a new str, or NULL with an
  * exception set and the state unchanged. */

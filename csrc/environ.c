@@ -43,11 +43,35 @@ env_flag(const char *name, int dflt, int *valid)
     return dflt;
 }
 
+/* Read allocconf's switch `name` into *out (`dflt` when unset), warning
+ * with `stays` when it is set to something else.  0 or -1. */
+static int
+read_switch(const char *name, int dflt, const char *stays, int *out,
+            PyObject *warnings)
+{
+    int valid;
+
+    *out = env_flag(name, dflt, &valid);
+    if (valid) {
+        return 0;
+    }
+    return ac_warn_append(
+        warnings, PyUnicode_FromFormat("allocconf: %s=%s is not one of "
+                                       "0/1/true/false/yes/no/on/off; %s",
+                                       name, getenv(name), stays));
+}
+
 PyObject *
 ac_env_snapshot(void)
 {
-    const char *names[] = {ENV_VARS[0], ENV_VARS[1], ENV_VARS[2],
-                           "ALLOCCONF_AUTO", "ALLOCCONF_DEBUG"};
+    const char *names[] = {ENV_VARS[0],
+                           ENV_VARS[1],
+                           ENV_VARS[2],
+                           "ALLOCCONF_AUTO",
+                           "ALLOCCONF_DEBUG",
+                           "ALLOCCONF_STEP_BACK",
+                           "ALLOCCONF_KEEP_FOREIGN",
+                           "ALLOCCONF_EXPORT"};
     enum { N = sizeof(names) / sizeof(names[0]) };
     PyObject *t = PyTuple_New(N);
     size_t i;
@@ -109,7 +133,7 @@ ac_load_locked(ac_state *st, PyObject *warnings)
     ac_conf parsed = {NULL, 0, 0};
     PyObject *raw = NULL, *snap = NULL, *detail = NULL;
     ac_block block = AC_OK;
-    int valid, auto_on, debug;
+    int valid, auto_on, debug, step_back, keep_foreign, export_env;
     size_t i;
 
     snap = ac_env_snapshot();
@@ -117,14 +141,17 @@ ac_load_locked(ac_state *st, PyObject *warnings)
         return -1;
     }
     debug = env_flag("ALLOCCONF_DEBUG", 0, &valid);
-    auto_on = env_flag("ALLOCCONF_AUTO", 1, &valid);
-    if (!valid &&
-        ac_warn_append(
-            warnings,
-            PyUnicode_FromFormat("allocconf: ALLOCCONF_AUTO=%s is not one of "
-                                 "0/1/true/false/yes/no/on/off; "
-                                 "import-time activation stays on",
-                                 getenv("ALLOCCONF_AUTO"))) < 0) {
+    if (read_switch("ALLOCCONF_AUTO", 1, "import-time activation stays on",
+                    &auto_on, warnings) < 0 ||
+        read_switch("ALLOCCONF_STEP_BACK", 1,
+                    "the default still steps back for neighbours", &step_back,
+                    warnings) < 0 ||
+        read_switch("ALLOCCONF_KEEP_FOREIGN", 1,
+                    "writes by other components are still kept", &keep_foreign,
+                    warnings) < 0 ||
+        read_switch("ALLOCCONF_EXPORT", 0,
+                    "allocconf does not write the variable", &export_env,
+                    warnings) < 0) {
         goto error;
     }
     for (i = 0; i < sizeof(ENV_VARS) / sizeof(ENV_VARS[0]); i++) {
@@ -161,6 +188,9 @@ ac_load_locked(ac_state *st, PyObject *warnings)
     Py_XSETREF(st->env_raw, raw);
     Py_XSETREF(st->env_seen, snap);
     st->debug = debug;
+    st->step_back = step_back;
+    st->keep_foreign = keep_foreign;
+    st->export_env = export_env;
     st->loaded = 1;
     return 0;
 

@@ -10,6 +10,7 @@
 #include "cuda.h"
 #include "environ.h"
 #include "errors.h"
+#include "neighbours.h"
 #include "overrides.h"
 #include "status.h"
 #include "torch.h"
@@ -153,6 +154,51 @@ configure(PyObject *module, PyObject *args, PyObject *kwargs)
     r = ac_configure(st, conf == Py_None ? NULL : conf, &patch);
     ac_conf_clear(&patch);
     return r;
+}
+
+PyDoc_STRVAR(neighbour_doc,
+             "_neighbour(name, why, /)\n--\n\n"
+             "Record the neighbour `name` (why: what expandable segments do "
+             "to it);\nallocconf's default steps back unless someone chose. "
+             "True when it\nstepped back now.");
+
+static PyObject *
+neighbour(PyObject *module, PyObject *args)
+{
+    PyObject *name, *why;
+
+    if (!PyArg_ParseTuple(args, "UU:_neighbour", &name, &why)) {
+        return NULL;
+    }
+    return ac_neighbour(get_state(module), name, why);
+}
+
+PyDoc_STRVAR(foreign_write_doc,
+             "_foreign_write(writer, conf, /)\n--\n\n"
+             "Another component called torch's setter with `conf`: keep the "
+             "keys it\nnames, merged into the configuration.  None, or "
+             "NotImplemented when\nthe caller must call torch itself.");
+
+static PyObject *
+foreign_write(PyObject *module, PyObject *args)
+{
+    PyObject *writer, *conf;
+
+    if (!PyArg_ParseTuple(args, "OO:_foreign_write", &writer, &conf)) {
+        return NULL;
+    }
+    return ac_foreign_write(get_state(module), writer, conf);
+}
+
+PyDoc_STRVAR(internals_doc,
+             "_internals()\n--\n\n"
+             "allocconf's switches and the strings child_env() needs, as a "
+             "dict.");
+
+static PyObject *
+internals(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return ac_internals(get_state(module));
 }
 
 PyDoc_STRVAR(status_doc, "status()\n--\n\n"
@@ -308,6 +354,9 @@ static PyMethodDef methods[] = {
     {"_live_config", live_config, METH_O, live_config_doc},
     {"_trace", trace, METH_O, trace_doc},
     {"_after_fork", after_fork, METH_NOARGS, after_fork_doc},
+    {"_neighbour", neighbour, METH_VARARGS, neighbour_doc},
+    {"_foreign_write", foreign_write, METH_VARARGS, foreign_write_doc},
+    {"_internals", internals, METH_NOARGS, internals_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -65,7 +65,13 @@ ac_state_init(ac_state *st)
             return -1;
         }
     }
+    st->neighbours = PyDict_New();
+    if (st->neighbours == NULL) {
+        return -1;
+    }
     st->auto_on = 1;
+    st->step_back = 1;
+    st->keep_foreign = 1;
     st->base_es = -1;
     claimed = st;
     return 0;

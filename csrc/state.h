@@ -39,6 +39,7 @@ typedef enum {
     X(TORCH_IMPORTED, "torch_imported")                                       \
     X(WINDOW_DEPTH, "window_depth")                                           \
     X(USER_CONFIG, "user_config")                                             \
+    X(NEIGHBOURS, "neighbours")                                               \
     X(ADVICE, "advice")
 
 #define AC_ENUM_FIELD(name, text) AC_KEY_##name,
@@ -61,7 +62,13 @@ enum { AC_STATUS_FIELDS(AC_ENUM_FIELD) AC_NKEYS };
     X(str_base)     /* the user's configuration, allocconf default in */      \
     X(str_on)       /* ... with expandable_segments:True */                   \
     X(str_off)      /* ... with expandable_segments:False */                  \
-    X(in_force)     /* str: what torch holds, NULL when not known */
+    X(in_force)     /* str: what torch holds, NULL when not known */          \
+    X(writer)       /* str: who last changed the configuration at run time    \
+                       (configure() or a setter another component called),    \
+                       NULL when nobody did */                                \
+    X(neighbours)   /* dict: neighbour name -> why it cannot live with        \
+                       expandable segments (str), made at init */             \
+    X(stepped_back) /* str: the neighbour the default stepped back for */
 
 /* Open windows of one thread. */
 typedef struct {
@@ -88,6 +95,9 @@ typedef struct {
     int configured;     /* configure() was called */
     int loaded;         /* the environment has been read */
     int auto_on;        /* ALLOCCONF_AUTO */
+    int step_back;      /* ALLOCCONF_STEP_BACK: step back for neighbours */
+    int keep_foreign;   /* ALLOCCONF_KEEP_FOREIGN: wrap torch's setters */
+    int export_env;     /* ALLOCCONF_EXPORT: write the variable torch reads */
     int debug;          /* ALLOCCONF_DEBUG: trace writes to stderr */
     ac_block block;
 
@@ -101,6 +111,7 @@ typedef struct {
     int cpu_only;           /* torch built without CUDA or ROCm */
     unsigned mask_in_force; /* the sticky keys of in_force */
     Py_ssize_t writes;      /* writes made through the setter */
+    Py_ssize_t foreign;     /* setter calls by other components, kept */
     Py_ssize_t n_off;       /* open windows holding expandable segments off */
     Py_ssize_t n_on;        /* open windows holding them on */
     ac_opener *openers;     /* per thread, for fork(): n_openers of them */

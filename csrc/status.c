@@ -60,10 +60,18 @@ reason_locked(ac_state *st)
             "(expandable segments %s), and windows build on that",
             st->refused, st->str_base, "?", st->base_es == 1 ? "on" : "off");
     }
+    if (st->stepped_back != NULL && user_es < 0) {
+        return PyUnicode_FromFormat(
+            "allocconf's default stepped back for %U (%V): expandable "
+            "segments off for new memory; set expandable_segments yourself, "
+            "or ALLOCCONF_STEP_BACK=0, to keep them on",
+            st->stepped_back,
+            PyDict_GetItemWithError(st->neighbours, st->stepped_back), "?");
+    }
     if (st->configured) {
         return PyUnicode_FromFormat(
-            "configured by allocconf.configure(): expandable_segments %s%s",
-            st->base_es == 1 ? "on" : "off",
+            "configured by %S: expandable_segments %s%s",
+            st->writer ? st->writer : Py_None, st->base_es == 1 ? "on" : "off",
             st->attached ? ""
                          : " (torch not imported yet; written when it is)");
     }
@@ -112,6 +120,28 @@ advice_locked(ac_state *st)
         }
         Py_XDECREF(a);
     }
+    /* A neighbour living with expandable segments because someone chose
+     * them: say what that does to it. */
+    if (list != NULL && st->block == AC_OK && st->base_es == 1) {
+        Py_ssize_t pos = 0;
+        PyObject *name, *why;
+        while (list != NULL &&
+               PyDict_Next(st->neighbours, &pos, &name, &why)) {
+            PyObject *a = PyUnicode_FromFormat(
+                "%U is in this process and expandable segments are on (%s): "
+                "%U. Hold them off around its work with allocconf.ipc_safe() "
+                "or expandable_segments(False) windows.",
+                name,
+                !st->step_back ? "ALLOCCONF_STEP_BACK=0"
+                : st->writer   ? "set at run time"
+                               : "set by the user",
+                why);
+            if (a == NULL || PyList_Append(list, a) < 0) {
+                Py_CLEAR(list);
+            }
+            Py_XDECREF(a);
+        }
+    }
     /* A tuple, so that the frozen Status built from it is hashable. */
     if (list != NULL) {
         Py_SETREF(list, PyList_AsTuple(list));
@@ -151,6 +181,8 @@ ac_status(ac_state *st)
             st->source ? PyUnicode_FromString(st->source) : Py_NewRef(Py_None);
         PyObject *depth = PyLong_FromSsize_t(st->n_off + st->n_on);
         PyObject *advice = advice_locked(st);
+        PyObject *keys = PyDict_Keys(st->neighbours);
+        PyObject *neighbours = keys ? PyList_AsTuple(keys) : NULL;
         PyObject *values[AC_NKEYS];
         size_t i;
 
@@ -166,13 +198,17 @@ ac_status(ac_state *st)
         values[AC_KEY_WINDOW_DEPTH] = depth;
         values[AC_KEY_USER_CONFIG] = st->user_raw ? st->user_raw : Py_None;
         values[AC_KEY_ADVICE] = advice;
-        ok = src != NULL && depth != NULL && advice != NULL;
+        values[AC_KEY_NEIGHBOURS] = neighbours;
+        ok = src != NULL && depth != NULL && advice != NULL &&
+             neighbours != NULL;
         for (i = 0; ok && i < AC_NKEYS; i++) {
             ok = PyDict_SetItem(d, st->status_keys[i], values[i]) == 0;
         }
         Py_XDECREF(src);
         Py_XDECREF(depth);
         Py_XDECREF(advice);
+        Py_XDECREF(keys);
+        Py_XDECREF(neighbours);
     }
     if (ok) {
         r = Py_NewRef(d);
@@ -181,5 +217,28 @@ done:
     ac_unlock(st);
     Py_XDECREF(reason);
     Py_XDECREF(d);
+    return r;
+}
+
+PyObject *
+ac_internals(ac_state *st)
+{
+    PyObject *r, *base;
+
+    if (ac_lock(st) < 0) {
+        return NULL;
+    }
+    base = st->block != AC_OK || st->str_base == NULL ? Py_None
+           : st->base_es == 1                         ? st->str_base
+                                                      : st->str_off;
+    r = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:O,s:O,s:s,s:n}", "attached",
+                      PyBool_FromLong(st->attached), "auto",
+                      PyBool_FromLong(st->auto_on), "step_back",
+                      PyBool_FromLong(st->step_back), "keep_foreign",
+                      PyBool_FromLong(st->keep_foreign), "export",
+                      PyBool_FromLong(st->export_env), "base", base, "user",
+                      st->user_raw ? st->user_raw : Py_None, "source",
+                      st->source, "foreign_writes", st->foreign);
+    ac_unlock(st);
     return r;
 }

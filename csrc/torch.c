@@ -88,6 +88,29 @@ call_setter(ac_state *st, PyObject *s)
     return 0;
 }
 
+/* After torch refused a write naming the sticky keys `named`: torch
+ * parses in stages and keeps what it read before refusing, so hand it
+ * back the string it held, with the defaults of the sticky keys the
+ * refused write named and that string does not.  Keeps the exception
+ * set. */
+static void
+give_back(ac_state *st, unsigned named)
+{
+    PyObject *exc, *back;
+
+    if (st->in_force == NULL) {
+        return;
+    }
+    exc = PyErr_GetRaisedException();
+    back = with_defaults(st->in_force,
+                         named & ~AC_STICKY_NAMED(st->mask_in_force));
+    if (back == NULL || call_setter(st, back) < 0) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(back);
+    PyErr_SetRaisedException(exc);
+}
+
 int
 ac_sync_locked(ac_state *st, const char *why)
 {
@@ -118,20 +141,7 @@ ac_sync_locked(ac_state *st, const char *why)
     }
     named |= AC_STICKY_NAMED(mask);
     if (call_setter(st, write) < 0) {
-        /* torch parses in stages and keeps what it read before refusing:
-         * hand it back the string it held, with the defaults of the
-         * sticky keys the refused write named and that string does not,
-         * and keep the first error. */
-        if (st->in_force != NULL) {
-            PyObject *exc = PyErr_GetRaisedException();
-            PyObject *back = with_defaults(
-                st->in_force, named & ~AC_STICKY_NAMED(st->mask_in_force));
-            if (back == NULL || call_setter(st, back) < 0) {
-                PyErr_Clear();
-            }
-            Py_XDECREF(back);
-            PyErr_SetRaisedException(exc);
-        }
+        give_back(st, named);
         Py_DECREF(write);
         return -1;
     }
@@ -139,6 +149,19 @@ ac_sync_locked(ac_state *st, const char *why)
     st->mask_in_force = mask;
     st->writes++;
     ac_trace_locked(st, why, write);
+    return 0;
+}
+
+int
+ac_write_as_is_locked(ac_state *st, PyObject *s, const char *why)
+{
+    if (call_setter(st, s) < 0) {
+        give_back(st, AC_STICKY_NAMED(mask_of(s)));
+        return -1;
+    }
+    Py_XSETREF(st->in_force, Py_NewRef(s));
+    st->mask_in_force = mask_of(s);
+    ac_trace_locked(st, why, s);
     return 0;
 }
 

@@ -14,6 +14,11 @@
  * or -1 with torch's exception set, torch given back what it held. */
 int ac_sync_locked(ac_state *st, const char *why);
 
+/* Write the str `s` through torch's setter exactly as given (a string
+ * allocconf cannot merge, written by another component) and take it as
+ * what torch holds.  Lock held.  0, or -1 with torch's exception set. */
+int ac_write_as_is_locked(ac_state *st, PyObject *s, const char *why);
+
 /* The configuration string torch holds now, where it can tell without
  * initialising CUDA (the 2.13+ getter; the snapshot once CUDA is up).  A
  * new str, or NULL with no exception set when torch cannot tell.  Runs

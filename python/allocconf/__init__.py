@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from allocconf import _C
+from allocconf import _C, _neighbours
 from allocconf._C import AllocConfError, AllocConfWarning, merge, parse
 
 __version__ = "0.1.0"
@@ -26,6 +26,7 @@ __all__ = [
     "AllocConfWarning",
     "Status",
     "check_ipc",
+    "child_env",
     "configure",
     "expandable_segments",
     "ipc_capable",
@@ -39,7 +40,7 @@ __all__ = [
 TYPE_CHECKING = False  # typing costs import time; only checkers need it
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable, List, Mapping, Optional, Type
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Type
     from typing import TypeVar, Union
 
     from allocconf._status import Status
@@ -72,6 +73,7 @@ def configure(conf: Optional[str] = None, /, **overrides: Any) -> str:
     """
     result: str = _C.configure(conf, **overrides)
     _log(20, "configure(): now %r", result)  # INFO
+    _neighbours.export()
     return result
 
 
@@ -91,6 +93,32 @@ def set_expandable_segments(enable: bool) -> None:
             f"allocconf.set_expandable_segments() takes True or False, not "
             f"{enable!r}")
     configure(expandable_segments=enable)
+
+
+def child_env(config: str = "same", *,
+              environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment for a child process, built explicitly: allocconf
+    never changes ``os.environ``, and a child inherits nothing of what it
+    wrote at run time.
+
+    ``config`` is what the child's allocator gets:
+
+    - ``"same"``: the configuration torch holds here outside windows
+      (allocconf's default, the user's keys and other components' writes
+      included);
+    - ``"user"``: the user's own configuration, without allocconf's
+      default (for an inference-engine worker);
+    - ``"off"``: the variables as they are, allocconf's import-time action
+      switched off.
+
+    Each sets ``ALLOCCONF_AUTO=0``, so that an ``import allocconf`` in the
+    child changes nothing of it, and writes ``PYTORCH_CUDA_ALLOC_CONF``
+    (and each other variable torch reads that is set, so that none
+    disagrees).  Returns a copy of ``environ`` (``os.environ`` when not
+    given) with those changes: pass it to ``subprocess`` as ``env=``, or,
+    built on ``environ={}``, as a Ray ``runtime_env``'s ``env_vars``.
+    """
+    return _neighbours.child_env(config, environ=environ)
 
 
 class expandable_segments(_C.Window):
@@ -292,6 +320,11 @@ def _attach(torch: ModuleType) -> List[str]:
     try:
         _C._trace("attaching to torch")
         messages: List[str] = _C._attach(torch)
+        if _C._internals()["keep_foreign"]:
+            wrapped = _neighbours.wrap_setters(torch)
+            _C._trace(f"keeping other components' writes through "
+                      f"{', '.join(wrapped) or 'no setter'}")
+        _neighbours.export()
         st = _C.status()
         _log(20, "%s; config %r via %s", st["reason"], st["config"],
              st["api"])  # INFO
@@ -309,23 +342,46 @@ def _on_torch(torch: ModuleType) -> None:
     be imported again in this process): a warning that the filters turn
     into an exception goes to the "allocconf" logger and is kept in
     status().warnings instead."""
-    for message in _attach(torch):
+    _give(_attach(torch))
+
+
+def _on_neighbour(module: ModuleType) -> None:
+    """The hook's callback for a neighbour's import; raises nothing into
+    it, as _on_torch."""
+    name = module.__name__
+    try:
+        messages = _neighbours.arrived(name, _neighbours.NEIGHBOURS[name])
+    except Exception as exc:
+        messages = [f"allocconf: could not step back for {name}: {exc!r}"]
+    _give(messages)
+
+
+def _give(messages: List[str]) -> None:
+    """Give warnings from inside someone else's import: one the filters
+    turn into an exception goes to the "allocconf" logger and is kept in
+    status().warnings instead."""
+    for message in messages:
         try:
-            warnings.warn(message, AllocConfWarning, stacklevel=2)
+            warnings.warn(message, AllocConfWarning, stacklevel=3)
         except Exception:
             _KEPT.append(message)
-            _log(30, "%s", message)  # WARNING; torch has imported logging
+            _log(30, "%s", message)  # WARNING
 
 
 def _activate() -> List[str]:
     """Read the environment, then attach now or when torch is imported.
     Returns the warnings to give."""
     messages: List[str] = _C._load_environ()
+    from allocconf import _hook
+
+    if _C._internals()["auto"]:
+        messages += _neighbours.present()
+        watch = _neighbours.missing()
+        if watch:
+            _hook.watch(watch, _on_neighbour)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "_C"):
         return messages + _attach(torch)
-    from allocconf import _hook
-
     _hook.install(_on_torch)
     _C._trace("waiting for `import torch` (sys.meta_path hook installed)")
     return messages

@@ -1,10 +1,16 @@
-"""Run a callback the moment ``import torch`` finishes.
+"""Run a callback the moment ``import torch`` (or a neighbour's import)
+finishes.
 
-A ``sys.meta_path`` finder that, for ``torch`` only, lets the other finders
-find the module and wraps its loader, so that the callback runs right
-after torch's module body has executed: in whichever thread imports torch,
-through ``import torch`` or ``importlib.import_module``.  It fires once and
-removes itself; if torch's import fails, it stays for the next attempt.
+A ``sys.meta_path`` finder that, for the names it watches only, lets the
+other finders find the module and wraps its loader, so that the callback
+runs right after the module body has executed: in whichever thread imports
+it, through ``import`` or ``importlib.import_module``; a spec that is only
+looked up (``importlib.util.find_spec``) fires nothing.  Each name fires
+once; the finder removes itself when none is left.  If an import fails,
+its name stays watched for the next attempt.
+
+Two finders: :class:`TorchFinder` for torch (gone once torch is imported)
+and :class:`NeighbourFinder` for the neighbours of allocconf/_neighbours.py.
 """
 from __future__ import annotations
 
@@ -20,12 +26,14 @@ if TYPE_CHECKING:
 
 
 class TorchFinder:
-    """The finder: placed first in ``sys.meta_path`` by :func:`install`."""
+    """The finder for torch: placed first in ``sys.meta_path`` by
+    :func:`install`."""
 
     _allocconf_finder = True
 
-    def __init__(self, callback: Callback) -> None:
-        self._callback = callback
+    def __init__(self, callback: Callback,
+                 names: Sequence[str] = ("torch",)) -> None:
+        self._callbacks = {name: callback for name in names}
 
     def find_spec(
         self,
@@ -33,7 +41,7 @@ class TorchFinder:
         path: Optional[Sequence[str]] = None,
         target: Optional[ModuleType] = None,
     ) -> Optional[ModuleSpec]:
-        if name != "torch":
+        if name not in self._callbacks:
             return None
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
@@ -48,25 +56,36 @@ class TorchFinder:
                 # _Loader quacks like importlib.abc.Loader; subclassing it
                 # would import importlib.abc on every `import allocconf`.
                 spec.loader = _Loader(  # type: ignore[assignment]
-                    spec.loader, self)
+                    spec.loader, self, name)
             return spec
         return None
 
-    def fire(self, module: ModuleType) -> None:
-        """Remove this finder, then hand the finished torch module over."""
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
+    def fire(self, name: str, module: ModuleType) -> None:
+        """Stop watching `name` (and remove this finder when nothing is
+        left to watch), then hand the finished module over."""
+        callback = self._callbacks.pop(name, None)
+        if callback is None:
             return  # already fired (a reload, or a second finder's copy)
-        self._callback(module)
+        if not self._callbacks:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+        callback(module)
+
+
+class NeighbourFinder(TorchFinder):
+    """The finder for the neighbours (vllm, sglang, torch_memory_saver):
+    placed in ``sys.meta_path`` by :func:`watch`."""
 
 
 class _Loader:
     """torch's own loader, with the callback run after ``exec_module``."""
 
-    def __init__(self, loader: Any, finder: TorchFinder) -> None:
+    def __init__(self, loader: Any, finder: TorchFinder, name: str) -> None:
         self._loader = loader
         self._finder = finder
+        self._name = name
 
     def create_module(self, spec: ModuleSpec) -> Optional[ModuleType]:
         create = getattr(self._loader, "create_module", None)
@@ -80,19 +99,35 @@ class _Loader:
             module.__loader__ = self._loader
             if module.__spec__ is not None:
                 module.__spec__.loader = self._loader
-        self._finder.fire(module)
+        self._finder.fire(self._name, module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
-def install(callback: Callback) -> TorchFinder:
-    """Put a finder that calls ``callback(torch)`` first in sys.meta_path;
-    one already there (any copy of this module's) is replaced, so that
-    there is never more than one."""
+def _place(finder: TorchFinder) -> None:
+    """Put `finder` first in sys.meta_path, replacing one of its kind
+    already there (any copy of this module's), so that there is never
+    more than one of each."""
+    kind = type(finder).__name__
     sys.meta_path[:] = [
-        f for f in sys.meta_path if not getattr(f, "_allocconf_finder", False)
+        f for f in sys.meta_path
+        if not (getattr(f, "_allocconf_finder", False)
+                and type(f).__name__ == kind)
     ]
-    finder = TorchFinder(callback)
     sys.meta_path.insert(0, finder)
+
+
+def install(callback: Callback) -> TorchFinder:
+    """Call ``callback(torch)`` when ``import torch`` finishes."""
+    finder = TorchFinder(callback)
+    _place(finder)
+    return finder
+
+
+def watch(names: Sequence[str], callback: Callback) -> NeighbourFinder:
+    """Call ``callback(module)`` when the import of each of `names`
+    finishes."""
+    finder = NeighbourFinder(callback, names)
+    _place(finder)
     return finder

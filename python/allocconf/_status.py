@@ -25,6 +25,11 @@ class Status:
             open, in all threads.
         user_config: the user's own configuration, before allocconf's
             default is merged in.
+        neighbours: the components found in this process that cannot live
+            with expandable segments (``torch_memory_saver``, ``vllm``,
+            ``sglang``; see docs/neighbours.md).  ``reason`` says when the
+            default stepped back for one, ``advice`` when they are on
+            anyway.
         advice: warnings about the configuration in force (logged to the
             "allocconf" logger when torch is imported), e.g. a
             max_split_size_mb that fights expandable segments.
@@ -43,6 +48,7 @@ class Status:
     torch_imported: bool
     window_depth: int
     user_config: Optional[str]
+    neighbours: Tuple[str, ...]
     advice: Tuple[str, ...]
     warnings: Tuple[str, ...] = ()
 
