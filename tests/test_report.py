@@ -21,7 +21,12 @@ def test_json_report_schema_without_a_driver():
     assert r["schema"] == 1
     assert set(r) == {"schema", "allocconf", "python", "torch", "backend",
                       "config", "expandable_segments", "status", "driver",
-                      "pidfd", "segments", "probe"}
+                      "pidfd", "segments", "probe", "neighbours",
+                      "variables"}
+    assert r["neighbours"] == []
+    assert r["variables"] == {"set": {"PYTORCH_CUDA_ALLOC_CONF":
+                                      "garbage_collection_threshold:0.6"},
+                              "conflict": False}
     facts = torch_facts()
     assert (r["torch"]["build"] == "CPU") is facts["cpu_only"]
     assert r["torch"]["setter"] == facts["setter"]
@@ -40,12 +45,13 @@ def test_json_report_schema_without_a_driver():
     assert r["driver"]["error"].startswith("no CUDA driver")
     assert r["pidfd"]["ok"] in (True, False, None)
     assert set(r["pidfd"]["self"]) == {"ok", "step", "error"}
+    assert (r["pidfd"]["advice"] is None) is (r["pidfd"]["ok"] is True)
     assert r["segments"] is None and r["probe"] is None
     assert r["backend"] is None
     assert set(r["status"]) == {"applied", "reason", "expandable_segments",
                                 "config", "source", "api", "torch_imported",
-                                "window_depth", "user_config", "advice",
-                                "warnings"}
+                                "window_depth", "user_config", "neighbours",
+                                "advice", "warnings"}
 
 
 def test_text_report_lines():
@@ -74,3 +80,28 @@ def test_usage_error_exits_2():
     proc = run("--bogus")
     assert proc.returncode == 2
     assert "unrecognized arguments: --bogus" in proc.stderr
+
+
+def test_report_lists_neighbours_and_flags_disagreeing_variables(tmp_path):
+    # A STAND-IN vllm module, imported by the report's process through
+    # sitecustomize-free means: a script that imports it, then reports.
+    (tmp_path / "vllm.py").write_text("STANDIN = True\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "import warnings; warnings.simplefilter('ignore')\n"
+            "import allocconf, torch, vllm\n"
+            "from allocconf import _report\n"
+            "r = _report.collect(probe=False)\n"
+            "print(_report.render(r))\n"
+            "import json; print(json.dumps(r['neighbours']))")
+    proc = run(code=code, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64",
+                               "PYTORCH_ALLOC_CONF": "max_split_size_mb:128"})
+    assert proc.returncode == 0, proc.stderr
+    text, _, last = proc.stdout.rstrip().rpartition("\n")
+    found = json.loads(last)
+    assert [n["name"] for n in found] == ["vllm"]
+    assert "stepped back" in found[0]["allocconf"]
+    assert "42609" in found[0]["why"]
+    assert "neighbour:    vllm: allocconf's default stepped back" in text
+    assert "CONFLICT:     PYTORCH_CUDA_ALLOC_CONF='max_split_size_mb:64', " \
+        "PYTORCH_ALLOC_CONF='max_split_size_mb:128'" in text
+    assert "allocconf read PYTORCH_CUDA_ALLOC_CONF" in text

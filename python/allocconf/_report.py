@@ -1,6 +1,10 @@
 """The report behind ``python -m allocconf``: what allocconf did, what torch
 holds, and what the machine can do (driver, devices, pidfd).
 
+It also lists the neighbours found (docs/neighbours.md), flags torch's
+variables set to different values, and says what to do when pidfd, which
+sharing expandable segments needs, fails.
+
 ``collect()`` gathers it as a JSON-ready dict (schema in docs/report.md);
 ``render()`` turns that dict into text.  The report runs in its own
 process, so it may import torch and initialise CUDA.
@@ -120,7 +124,55 @@ def collect(probe: bool = True) -> Dict[str, Any]:
         "reason": status.reason,
     }
     report["status"] = status.as_dict()
+    report["neighbours"] = _neighbours_found(status)
+    report["variables"] = _variables()
+    report["pidfd"]["advice"] = _pidfd_advice(report["pidfd"])
     return report
+
+
+def _neighbours_found(status: Any) -> List[Dict[str, Any]]:
+    """Each neighbour in this process (status(), or imported here), with
+    why it matters and what allocconf did about it."""
+    from allocconf._neighbours import NEIGHBOURS
+
+    names = list(status.neighbours)
+    names += [n for n in NEIGHBOURS if n in sys.modules and n not in names]
+    out = []
+    for name in names:
+        if "stepped back for " + name in status.reason:
+            did = ("allocconf's default stepped back: expandable segments "
+                   "off for new memory")
+        elif status.expandable_segments:
+            did = ("expandable segments are on by choice: hold them off "
+                   "around its work with ipc_safe() windows")
+        else:
+            did = "expandable segments are off: nothing to do"
+        out.append({"name": name, "why": NEIGHBOURS.get(name, ""),
+                    "allocconf": did})
+    return out
+
+
+def _variables() -> Dict[str, Any]:
+    """The variables torch reads that are set, and whether they disagree
+    (torch reads only the first it finds, and which one differs between
+    versions)."""
+    import os
+
+    from allocconf._neighbours import VARIABLES
+
+    found = {n: os.environ[n] for n in VARIABLES if n in os.environ}
+    return {"set": found, "conflict": len(set(found.values())) > 1}
+
+
+def _pidfd_advice(p: Dict[str, Any]) -> Optional[str]:
+    if p["ok"] is True:
+        return None
+    return ("sharing tensors in expandable segments with another process "
+            "will fail here (torch's receiver needs pidfd_getfd, which needs "
+            "ptrace permission over the sender: containers without "
+            "CAP_SYS_PTRACE, Yama ptrace_scope, a non-dumpable sender). "
+            "Allocate what you share inside allocconf.ipc_safe(), which "
+            "classic CUDA IPC can share without pidfd.")
 
 
 def _mib(n: int) -> str:
@@ -167,6 +219,16 @@ def render(r: Dict[str, Any]) -> str:
     for key in ("self", "child_to_parent"):
         if p[key]["ok"] is not True:
             add(f"  {key}: {p[key]['step']}: {p[key]['error']}")
+    if p.get("advice"):
+        add(f"ADVICE:       {p['advice']}")
+    for n in r["neighbours"]:
+        add(f"neighbour:    {n['name']}: {n['allocconf']}")
+    v = r["variables"]
+    if v["conflict"]:
+        add("CONFLICT:     " + ", ".join(
+            f"{k}={val!r}" for k, val in v["set"].items())
+            + ": these disagree and torch reads only one of them (allocconf "
+            f"read {r['config']['source'] or 'none'}); keep one.")
     s = r["segments"]
     if s is not None:
         add(f"segments:     expandable {s['expandable']['count']} "
