@@ -5,6 +5,8 @@
 #
 # Usage: tools/gpu-check.sh [OUT_DIR] [--bench] [--only-bench]
 #   OUT_DIR defaults to $OUT, else ./gpu-check-out.
+# Wheels in .whl/ (torch_memory_saver: pip download --no-deps
+# torch-memory-saver==0.0.10 -d .whl) are installed for the suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-check-out}"
@@ -37,6 +39,14 @@ if ! ALLOCCONF_WERROR=1 python3 -m pip install -q --no-build-isolation \
     export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
 rm -f "$out/build.log"
+
+# Neighbours the GPU suite runs next to (tests/gpu/test_torch_memory_saver.py):
+# wheels carried in .whl/ (the machine has no network), installed aside.
+if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 rc=0
 if [ "$tests" = 1 ]; then
