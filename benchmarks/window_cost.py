@@ -3,6 +3,9 @@
 Measured side by side in one process, interleaved round by round:
   window    `with allocconf.ipc_safe(): pass` (enter + exit)
   bare      two calls of torch's setter with the same two strings
+  kept      the same two strings written by "another component" through
+            the setter allocconf wraps (merged, so that the user's keys
+            survive; docs/neighbours.md): for information, no target
   snapshot  the common hand-written alternative: read the live
             configuration through torch.cuda.memory._snapshot(), write it
             with expandable_segments off, write the old one back
@@ -31,7 +34,11 @@ COUNTS = [0] if not CUDA else [10, 100, 1000, 3000, 10000]
 
 
 def main() -> None:
-    setter = torch._C._accelerator_setAllocatorSettings
+    # allocconf wraps torch's setter to keep other components' writes
+    # (docs/neighbours.md); the bare pair is torch's own, which is also
+    # what allocconf writes through.
+    wrapped = torch._C._accelerator_setAllocatorSettings
+    setter = getattr(wrapped, "__wrapped__", wrapped)
     on = allocconf.status().config
     off = allocconf.merge(on, expandable_segments=False)
     window = allocconf.ipc_safe()
@@ -48,6 +55,10 @@ def main() -> None:
         setter(off)
         setter(on)
 
+    def kept_pair() -> None:  # another component's two writes, merged
+        wrapped(off)
+        wrapped(on)
+
     def snapshot_pair() -> None:
         live = torch.cuda.memory._snapshot()["allocator_settings"]
         prev = live.get("PYTORCH_CUDA_ALLOC_CONF", on)
@@ -63,6 +74,7 @@ def main() -> None:
                  "bare": bare_pair}
         n, rounds = (2000, 9) if not QUICK else (200, 3)
         t = interleaved(cases, n, rounds)
+        t.update(interleaved({"kept": kept_pair}, n // 4, 3))
         if CUDA:
             snap_n = max(5, min(200, 200_000 // max(count, 1)))
             t.update(interleaved({"snapshot": snapshot_pair},
@@ -77,7 +89,8 @@ def main() -> None:
         print(f"{count:>6} tensors: window {row['window_us']:.2f} us, "
               f"with ipc_safe() call {row['window_new_us']:.2f} us, bare "
               f"pair {row['bare_us']:.2f} us, ratio {row['ratio']:.2f} "
-              f"({row['ratio_new']:.2f})"
+              f"({row['ratio_new']:.2f}), another component's pair kept "
+              f"{row['kept_us']:.2f} us"
               + (f", snapshot {row['snapshot_us']:.1f} us "
                  f"({row['snapshot_ratio']:.0f}x bare)" if CUDA else ""),
               flush=True)

@@ -316,29 +316,25 @@ def test_a_window_holds_through_a_foreign_write_then_restores_it():
                            "roundup_power2_divisions:4")
 
 
+ATTEMPTS = """
+def attempt(value):
+    try:
+        torch._C._accelerator_setAllocatorSettings(value)
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
+errors = [attempt("max_split_size_mb:abc"), attempt(5),
+          attempt("max_split_size_mb:1")]
+"""
+
+
 def test_a_refused_foreign_write_raises_torchs_error_and_changes_nothing():
     out = run_json("""
         import allocconf, torch
-        def attempt(value):
-            try:
-                torch._C._accelerator_setAllocatorSettings(value)
-            except Exception as exc:
-                return [type(exc).__name__, str(exc)]
         before = {GET}
-        errors = [attempt("max_split_size_mb:abc"), attempt(5),
-                  attempt("max_split_size_mb:1")]
-    """.replace("{GET}", GET), snapshot('"errors": errors, "before": before'),
-        env=USER)
-    oracle = run_json("""
-        import torch
-        def attempt(value):
-            try:
-                torch._C._accelerator_setAllocatorSettings(value)
-            except Exception as exc:
-                return [type(exc).__name__, str(exc)]
-        print(json.dumps([attempt("max_split_size_mb:abc"), attempt(5),
-                          attempt("max_split_size_mb:1")]))
-    """)
+    """.replace("{GET}", GET), ATTEMPTS,
+        snapshot('"errors": errors, "before": before'), env=USER)
+    # The oracle: the same attempts with torch alone.
+    oracle = run_json("import torch", ATTEMPTS, "print(json.dumps(errors))")
     assert out["errors"] == oracle  # torch's own errors, word for word
     assert out["held"] == out["before"]
 
