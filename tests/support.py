@@ -3,6 +3,7 @@ Python process (process-wide state: environment, import order, fork) and
 read back what it printed as JSON."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -72,13 +73,34 @@ def run_json(*parts: str, env: Optional[Mapping[str, str]] = None,
     return json.loads(lines[-1])
 
 
+@functools.lru_cache(maxsize=None)
 def torch_facts() -> Dict[str, Any]:
     """What the installed torch offers, asked in a child (an oracle for
     the tests, independent of allocconf): the setter's dotted name,
-    whether it has the 2.13+ getter, whether it is a CPU-only build."""
+    whether it has the 2.13+ getter, whether it is a CPU-only build.
+    Skips the calling test (or module) where torch is not installed (CI's
+    runs on Pythons without a torch build)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        import pytest
+
+        pytest.skip("torch is not installed", allow_module_level=True)
     return run_json("""
         import torch
         c = torch._C
+
+        def accepts(conf):
+            set_ = getattr(c, "_accelerator_setAllocatorSettings", None)
+            if set_ is None:
+                return False
+            try:
+                set_(conf)
+            except Exception:
+                return False
+            set_("")
+            return True
+
         setter = next((f"torch._C.{n}" for n in (
             "_accelerator_setAllocatorSettings",
             "_cuda_cudaCachingAllocator_set_allocator_settings")
@@ -89,7 +111,11 @@ def torch_facts() -> Dict[str, Any]:
             "new_setter": hasattr(c, "_accelerator_setAllocatorSettings"),
             "cpu_only": torch.version.cuda is None
                         and torch.version.hip is None,
-            "version": torch.__version__}))
+            "version": torch.__version__,
+            # By capability: CUDA builds refuse keys they do not know,
+            # and only newer torch knows the reserve keys.
+            "keeps_unknown": accepts("some_future_key:1"),
+            "knows_reserve": accepts("expandable_segments_reserve:0.5")}))
     """)
 
 
