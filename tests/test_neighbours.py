@@ -543,8 +543,7 @@ def test_spawned_children_run_a_top_level_import_again(tmp_path, where):
     imported, reason = json.loads(proc.stdout.strip().splitlines()[-1])
     if where == "top level":
         assert imported is True
-        assert reason == "expandable segments turned on by allocconf; this " \
-            "torch is a CPU-only build, so no device will use them"
+        assert reason.startswith("expandable segments turned on by allocconf")
     else:
         assert imported is False
 
