@@ -166,8 +166,9 @@ def test_hostile_environment_warns_in_bounded_time(value, offset):
     if alone.returncode != 0:
         # torch 2.14.1's CUDA build aborts at load on an unclosed bracket
         # (docs/compatibility.md): nothing allocconf can keep alive.
-        pytest.skip(f"torch alone dies with this variable: "
-                    f"{alone.stderr.strip().splitlines()[-1][:120]}")
+        lines = alone.stderr.strip().splitlines() or ["(no output)"]
+        why = next((ln for ln in lines if "what()" in ln), lines[-1])
+        pytest.skip(f"torch alone dies with this variable: {why[:160]}")
     out = run_json("""
         import time
         import recorder; recorder.install()
