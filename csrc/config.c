@@ -117,11 +117,12 @@ strings_swap(ac_state *st, strings *w)
 }
 
 /* Whether allocconf's default (expandable segments on) goes into the
- * strings: ALLOCCONF_AUTO, unless it stepped back for a neighbour. */
+ * strings: ALLOCCONF_AUTO, unless it stepped back for a neighbour or the
+ * user opted out in a variable torch does not read. */
 static int
 default_on(const ac_state *st, int auto_on)
 {
-    return auto_on && st->stepped_back == NULL;
+    return auto_on && st->stepped_back == NULL && st->opt_out == NULL;
 }
 
 int

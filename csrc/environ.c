@@ -10,12 +10,90 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The variables torch reads, in the order it looks for the first set. */
-static const char *const ENV_VARS[] = {
+/* The variables torch may read for its CUDA (or ROCm) allocator, in the
+ * order it looks for the first one set; which of them a given torch reads
+ * is ac_env_reads().  Measured on CUDA builds with tools/torch-variables.py
+ * (docs/compatibility.md): 2.6.0 and 2.9.1 read only
+ * PYTORCH_CUDA_ALLOC_CONF (torch's source adds the HIP one on ROCm
+ * builds; 2.9.1's generic configuration parses PYTORCH_ALLOC_CONF too, and
+ * nothing of CUDA's uses it).  torch with the 2.10 setter keeps
+ * expandable_segments and the keys a write resets in its generic
+ * configuration, which reads all three in this order (its getter shows it
+ * on 2.13.0 and 2.14.1). */
+const char *const ac_env_vars[AC_N_ENV_VARS] = {
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_HIP_ALLOC_CONF",
     "PYTORCH_ALLOC_CONF",
 };
+
+unsigned
+ac_env_reads(int rocm, int generic)
+{
+    unsigned own = AC_READS_CUDA | (rocm ? AC_READS_HIP : 0u);
+
+    if (generic) {
+        return AC_READS_ALL | ((own | AC_READS_ALLOC) << 3);
+    }
+    return own | (own << 3);
+}
+
+unsigned
+ac_env_reads_of(const ac_state *st)
+{
+    return st->reads != 0 ? st->reads : AC_READS_ALL | (AC_READS_ALL << 3);
+}
+
+int
+ac_env_first(unsigned reads)
+{
+    int i;
+
+    for (i = 0; i < AC_N_ENV_VARS; i++) {
+        if ((reads & (1u << i)) && getenv(ac_env_vars[i]) != NULL) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The first set variable torch does not read whose string names
+ * expandable_segments:False, or NULL: the user's opt-out, which allocconf
+ * honours even where torch cannot see it. */
+static const char *
+unread_opt_out(unsigned reads)
+{
+    int i;
+
+    for (i = 0; i < AC_N_ENV_VARS; i++) {
+        const char *v = getenv(ac_env_vars[i]);
+        ac_conf c = {NULL, 0, 0};
+        ac_error err;
+        int es;
+
+        if ((reads & (1u << i)) || v == NULL ||
+            ac_conf_parse(v, strlen(v), &c, &err) < 0) {
+            continue;
+        }
+        es = ac_conf_es(&c);
+        ac_conf_clear(&c);
+        if (es == 0) {
+            return ac_env_vars[i];
+        }
+    }
+    return NULL;
+}
+
+int
+ac_env_opt_out_locked(ac_state *st)
+{
+    const char *opt_out = unread_opt_out(ac_env_reads_of(st));
+
+    if (opt_out == st->opt_out) {
+        return 0;
+    }
+    st->opt_out = opt_out;
+    return ac_rebuild_locked(st);
+}
 
 /* A yes/no variable: its value, or `dflt` when unset; *valid is 0 when it
  * is set to something else (empty included). */
@@ -64,14 +142,10 @@ read_switch(const char *name, int dflt, const char *stays, int *out,
 PyObject *
 ac_env_snapshot(void)
 {
-    const char *names[] = {ENV_VARS[0],
-                           ENV_VARS[1],
-                           ENV_VARS[2],
-                           "ALLOCCONF_AUTO",
-                           "ALLOCCONF_DEBUG",
-                           "ALLOCCONF_STEP_BACK",
-                           "ALLOCCONF_KEEP_FOREIGN",
-                           "ALLOCCONF_EXPORT"};
+    const char *names[] = {ac_env_vars[0],           ac_env_vars[1],
+                           ac_env_vars[2],           "ALLOCCONF_AUTO",
+                           "ALLOCCONF_DEBUG",        "ALLOCCONF_STEP_BACK",
+                           "ALLOCCONF_KEEP_FOREIGN", "ALLOCCONF_EXPORT"};
     enum { N = sizeof(names) / sizeof(names[0]) };
     PyObject *t = PyTuple_New(N);
     size_t i;
@@ -126,15 +200,45 @@ parse_variable(const char *name, const char *value, ac_conf *parsed,
     return 0;
 }
 
+/* The backend torch's CUDA allocator will use, when not native: a new
+ * str "backend:NAME in VARIABLE" in *detail, else *detail NULL.  That
+ * allocator reads its own variables (AC_READS_BACKEND), not always the
+ * one the generic keys come from (`first`, parsed into `parsed`).  A
+ * malformed string there is torch's to report.  0 or -1. */
+static int
+backend_of(const ac_state *st, int first, const ac_conf *parsed,
+           PyObject **detail)
+{
+    int i = ac_env_first(AC_READS_BACKEND(ac_env_reads_of(st)));
+    ac_conf other = {NULL, 0, 0};
+    ac_error err;
+    const char *v = i >= 0 ? getenv(ac_env_vars[i]) : NULL, *backend = NULL;
+    int rc = 0;
+
+    *detail = NULL;
+    if (i >= 0 && i == first) {
+        backend = ac_conf_get(parsed, "backend");
+    }
+    else if (v != NULL && ac_conf_parse(v, strlen(v), &other, &err) == 0) {
+        backend = ac_conf_get(&other, "backend");
+    }
+    if (backend != NULL && strcmp(backend, "native") != 0) {
+        *detail =
+            PyUnicode_FromFormat("backend:%s in %s", backend, ac_env_vars[i]);
+        rc = *detail == NULL ? -1 : 0;
+    }
+    ac_conf_clear(&other);
+    return rc;
+}
+
 int
 ac_load_locked(ac_state *st, PyObject *warnings)
 {
-    const char *name = NULL, *value = NULL, *backend;
+    const char *name = NULL, *value = NULL;
     ac_conf parsed = {NULL, 0, 0};
     PyObject *raw = NULL, *snap = NULL, *detail = NULL;
     ac_block block = AC_OK;
-    int valid, auto_on, debug, step_back, keep_foreign, export_env;
-    size_t i;
+    int valid, auto_on, debug, step_back, keep_foreign, export_env, first;
 
     snap = ac_env_snapshot();
     if (snap == NULL) {
@@ -154,23 +258,21 @@ ac_load_locked(ac_state *st, PyObject *warnings)
                     warnings) < 0) {
         goto error;
     }
-    for (i = 0; i < sizeof(ENV_VARS) / sizeof(ENV_VARS[0]); i++) {
-        value = getenv(ENV_VARS[i]);
-        if (value != NULL) {
-            name = ENV_VARS[i];
-            break;
-        }
+    first = ac_env_first(ac_env_reads_of(st));
+    if (first >= 0) {
+        name = ac_env_vars[first];
+        value = getenv(name);
     }
+    /* Before adopting: the strings built there follow the opt-out. */
+    st->opt_out = unread_opt_out(ac_env_reads_of(st));
     if (parse_variable(name, value, &parsed, &detail, warnings) < 0) {
         goto error;
     }
     block = detail != NULL ? AC_BLOCK_MALFORMED : AC_OK;
-    backend = ac_conf_get(&parsed, "backend");
-    if (block == AC_OK && backend != NULL && strcmp(backend, "native") != 0) {
-        detail = PyUnicode_FromFormat("backend:%s", backend);
-        if (detail == NULL) {
-            goto error;
-        }
+    if (block == AC_OK && backend_of(st, first, &parsed, &detail) < 0) {
+        goto error;
+    }
+    if (detail != NULL && block == AC_OK) {
         block = AC_BLOCK_ASYNC;
     }
     /* Valid strings are printable ASCII, so this decode cannot fail on

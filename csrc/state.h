@@ -91,14 +91,18 @@ typedef struct {
 
     /* The user's configuration and where it came from. */
     ac_conf user;
-    const char *source; /* static: an env var name, "torch", or NULL */
-    int configured;     /* configure() was called */
-    int loaded;         /* the environment has been read */
-    int auto_on;        /* ALLOCCONF_AUTO */
-    int step_back;      /* ALLOCCONF_STEP_BACK: step back for neighbours */
-    int keep_foreign;   /* ALLOCCONF_KEEP_FOREIGN: wrap torch's setters */
-    int export_env;     /* ALLOCCONF_EXPORT: write the variable torch reads */
-    int debug;          /* ALLOCCONF_DEBUG: trace writes to stderr */
+    const char *source;  /* static: an env var name, "torch", or NULL */
+    unsigned reads;      /* the variables torch reads (AC_READS_*), 0 until
+                            torch is seen: then all of them */
+    const char *opt_out; /* static: a variable torch does not read that
+                            says expandable_segments:False, or NULL */
+    int configured;      /* configure() was called */
+    int loaded;          /* the environment has been read */
+    int auto_on;         /* ALLOCCONF_AUTO */
+    int step_back;       /* ALLOCCONF_STEP_BACK: step back for neighbours */
+    int keep_foreign;    /* ALLOCCONF_KEEP_FOREIGN: wrap torch's setters */
+    int export_env;      /* ALLOCCONF_EXPORT: write the variable torch reads */
+    int debug;           /* ALLOCCONF_DEBUG: trace writes to stderr */
     ac_block block;
 
     /* The strings to write, precomputed so a window only picks one, and

@@ -5,6 +5,7 @@
  */
 #include "status.h"
 #include "config.h"
+#include "environ.h"
 
 /* A new str saying why expandable segments are or are not on. */
 static PyObject *
@@ -20,9 +21,9 @@ reason_locked(ac_state *st)
                                     src, st->block_detail, "?");
     case AC_BLOCK_ASYNC:
         return PyUnicode_FromFormat(
-            "%V in %s: that backend has no expandable segments; allocconf "
+            "%V: that backend has no expandable segments; allocconf "
             "writes nothing",
-            st->block_detail, "backend", src);
+            st->block_detail, "backend");
     case AC_BLOCK_PLATFORM:
         return PyUnicode_FromString(
             "expandable segments are not supported on this platform "
@@ -81,6 +82,13 @@ reason_locked(ac_state *st)
             "it",
             user_es ? "True" : "False", src);
     }
+    if (st->opt_out != NULL) {
+        return PyUnicode_FromFormat(
+            "expandable_segments:False set by the user in %s, which this "
+            "torch does not read for CUDA: allocconf honours it as an "
+            "opt-out and turns nothing on",
+            st->opt_out);
+    }
     if (!st->auto_on) {
         return PyUnicode_FromString(
             "ALLOCCONF_AUTO=0: no import-time change; windows still work");
@@ -99,11 +107,75 @@ reason_locked(ac_state *st)
                                 "allocconf");
 }
 
+/* A new tuple of the names of the variables in `reads`, in torch's order. */
+static PyObject *
+names_of(unsigned reads)
+{
+    PyObject *t = PyTuple_New(0);
+    int i;
+
+    for (i = 0; t != NULL && i < AC_N_ENV_VARS; i++) {
+        if (reads & (1u << i)) {
+            PyObject *n = Py_BuildValue("(s)", ac_env_vars[i]);
+            PyObject *joined = n ? PySequence_Concat(t, n) : NULL;
+            Py_XDECREF(n);
+            Py_SETREF(t, joined);
+        }
+    }
+    return t;
+}
+
+/* Append to `list` a line for each variable set when the environment was
+ * last read that this torch does not read: its settings apply nowhere.
+ * 0 or -1. */
+static int
+unread_advice_locked(ac_state *st, PyObject *list)
+{
+    PyObject *read, *sep, *text;
+    int i, rc = 0;
+
+    if (st->reads == 0 || st->env_seen == NULL ||
+        PyTuple_GET_SIZE(st->env_seen) < AC_N_ENV_VARS) {
+        return 0; /* torch not seen yet: it may read any of them */
+    }
+    read = names_of(st->reads);
+    sep = PyUnicode_FromString(", then ");
+    text = read && sep ? PyUnicode_Join(sep, read) : NULL;
+    for (i = 0; text != NULL && rc == 0 && i < AC_N_ENV_VARS; i++) {
+        PyObject *v = PyTuple_GET_ITEM(st->env_seen, i), *a;
+        if ((st->reads & (1u << i)) || !PyBytes_Check(v)) {
+            continue;
+        }
+        a = PyUnicode_FromFormat(
+            "%s is set ('%s') but torch %S does not read it for CUDA (it "
+            "reads %U), so allocconf does not apply it either%s. Move the "
+            "settings to PYTORCH_CUDA_ALLOC_CONF.",
+            ac_env_vars[i], PyBytes_AS_STRING(v),
+            st->torch_version ? st->torch_version : Py_None, text,
+            st->opt_out == ac_env_vars[i]
+                ? "; its expandable_segments:False is honoured as an opt-out"
+                : "");
+        rc = a == NULL ? -1 : PyList_Append(list, a);
+        Py_XDECREF(a);
+    }
+    if (text == NULL) {
+        rc = -1;
+    }
+    Py_XDECREF(read);
+    Py_XDECREF(sep);
+    Py_XDECREF(text);
+    return rc;
+}
+
 /* A new tuple of advice about the configuration in force (str each). */
 static PyObject *
 advice_locked(ac_state *st)
 {
     PyObject *list = PyList_New(0);
+
+    if (list != NULL && unread_advice_locked(st, list) < 0) {
+        Py_CLEAR(list);
+    }
 
     if (list != NULL && st->block == AC_OK && st->refused == NULL &&
         st->base_es == 1 && ac_conf_es(&st->user) < 0 &&
@@ -231,7 +303,9 @@ ac_internals(ac_state *st)
     base = st->block != AC_OK || st->str_base == NULL ? Py_None
            : st->base_es == 1                         ? st->str_base
                                                       : st->str_off;
-    r = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:O,s:O,s:s,s:n}", "attached",
+    r = Py_BuildValue("{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O,s:O,s:s,s:n}",
+                      "variables", names_of(AC_READS_ALL), "reads",
+                      names_of(ac_env_reads_of(st)), "attached",
                       PyBool_FromLong(st->attached), "auto",
                       PyBool_FromLong(st->auto_on), "step_back",
                       PyBool_FromLong(st->step_back), "keep_foreign",

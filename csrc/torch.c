@@ -16,6 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* torch 2.10's setter: a torch that has it also reads PYTORCH_ALLOC_CONF
+ * for CUDA (environ.c). */
+#define GENERIC_SETTER "torch._C._accelerator_setAllocatorSettings"
+
 /* ------------------------------------------------------------------ */
 /* Writing                                                              */
 /* ------------------------------------------------------------------ */
@@ -305,8 +309,7 @@ probe_torch(PyObject *torch, probe *p)
         const char *path;
         const char *api;
     } candidates[] = {
-        {"_C._accelerator_setAllocatorSettings",
-         "torch._C._accelerator_setAllocatorSettings"},
+        {"_C._accelerator_setAllocatorSettings", GENERIC_SETTER},
         {"_C._cuda_cudaCachingAllocator_set_allocator_settings",
          "torch._C._cuda_cudaCachingAllocator_set_allocator_settings"},
         /* Deprecated (FutureWarning on 2.11), so only when neither of the
@@ -405,11 +408,16 @@ static int
 attach_locked(ac_state *st, void *arg, PyObject *warnings)
 {
     probe *p = arg;
-    unsigned mask;
+    unsigned mask, reads;
 
     if (st->attached) {
         return 0;
     }
+    /* Read what this torch reads: the variables differ by build and
+     * version (environ.c). */
+    reads =
+        ac_env_reads(p->hip != NULL && PyUnicode_Check(p->hip),
+                     p->api != NULL && strcmp(p->api, GENERIC_SETTER) == 0);
     if (!st->configured) {
         /* The user may have changed the environment between
          * `import allocconf` and `import torch`: torch reads it later. */
@@ -419,11 +427,19 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
             return -1;
         }
         same = st->env_seen != NULL &&
-               PyObject_RichCompareBool(snap, st->env_seen, Py_EQ) == 1;
+               PyObject_RichCompareBool(snap, st->env_seen, Py_EQ) == 1 &&
+               ac_env_first(reads) == ac_env_first(ac_env_reads_of(st)) &&
+               ac_env_first(AC_READS_BACKEND(reads)) ==
+                   ac_env_first(AC_READS_BACKEND(ac_env_reads_of(st)));
         Py_DECREF(snap);
+        st->reads = reads;
         if (!same && ac_load_locked(st, warnings) < 0) {
             return -1;
         }
+    }
+    st->reads = reads;
+    if (ac_env_opt_out_locked(st) < 0) {
+        return -1;
     }
     if (p->api != NULL) {
         PyObject *api = PyUnicode_FromString(p->api);

@@ -73,6 +73,21 @@ def run_json(*parts: str, env: Optional[Mapping[str, str]] = None,
     return json.loads(lines[-1])
 
 
+def skip_if_torch_dies(env: Mapping[str, str]) -> None:
+    """Skip the calling test where torch alone, under `env`, does not
+    survive `import torch` and exit (torch 2.14.1's CUDA build aborts at
+    load on an unclosed bracket, 2.9.1 at exit on any string its generic
+    configuration refuses; docs/compatibility.md): nothing allocconf can
+    keep alive.  The skip names torch's error."""
+    alone = run_script("import torch", check=False, env=env)
+    if alone.returncode != 0:
+        import pytest
+
+        lines = alone.stderr.strip().splitlines() or ["(no output)"]
+        why = next((ln for ln in lines if "what()" in ln), lines[-1])
+        pytest.skip(f"torch alone dies with this variable: {why[:160]}")
+
+
 @functools.lru_cache(maxsize=None)
 def torch_facts() -> Dict[str, Any]:
     """What the installed torch offers, asked in a child (an oracle for
@@ -115,7 +130,17 @@ def torch_facts() -> Dict[str, Any]:
             # By capability: CUDA builds refuse keys they do not know,
             # and only newer torch knows the reserve keys.
             "keeps_unknown": accepts("some_future_key:1"),
-            "knows_reserve": accepts("expandable_segments_reserve:0.5")}))
+            "knows_reserve": accepts("expandable_segments_reserve:0.5"),
+            # The variables torch reads for expandable_segments, by the
+            # capability measured in docs/compatibility.md (and checked
+            # against torch itself in test_torch_variables.py).
+            "reads": [v for v in ("PYTORCH_CUDA_ALLOC_CONF",
+                                  "PYTORCH_HIP_ALLOC_CONF",
+                                  "PYTORCH_ALLOC_CONF")
+                      if hasattr(c, "_accelerator_setAllocatorSettings")
+                      or v == "PYTORCH_CUDA_ALLOC_CONF"
+                      or (v == "PYTORCH_HIP_ALLOC_CONF"
+                          and torch.version.hip)]}))
     """)
 
 

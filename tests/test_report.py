@@ -24,10 +24,11 @@ def test_json_report_schema_without_a_driver():
                       "pidfd", "segments", "probe", "neighbours",
                       "variables"}
     assert r["neighbours"] == []
+    facts = torch_facts()
     assert r["variables"] == {"set": {"PYTORCH_CUDA_ALLOC_CONF":
                                       "garbage_collection_threshold:0.6"},
-                              "conflict": False}
-    facts = torch_facts()
+                              "conflict": False,
+                              "torch_reads": facts["reads"], "ignored": {}}
     assert (r["torch"]["build"] == "CPU") is facts["cpu_only"]
     assert r["torch"]["setter"] == facts["setter"]
     written = "garbage_collection_threshold:0.6,expandable_segments:True"

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from support import run_json, run_script
+from support import run_json, skip_if_torch_dies
 
 STRESS = """
 import random, threading
@@ -161,14 +161,7 @@ def test_duplicate_keys_follow_torch_later_wins():
     ("max_split_size_mb:6\udcff4", 19),
 ], ids=["giant-100KB", "non-utf8"])
 def test_hostile_environment_warns_in_bounded_time(value, offset):
-    alone = run_script("import torch", check=False,
-                       env={"PYTORCH_CUDA_ALLOC_CONF": value})
-    if alone.returncode != 0:
-        # torch 2.14.1's CUDA build aborts at load on an unclosed bracket
-        # (docs/compatibility.md): nothing allocconf can keep alive.
-        lines = alone.stderr.strip().splitlines() or ["(no output)"]
-        why = next((ln for ln in lines if "what()" in ln), lines[-1])
-        pytest.skip(f"torch alone dies with this variable: {why[:160]}")
+    skip_if_torch_dies({"PYTORCH_CUDA_ALLOC_CONF": value})
     out = run_json("""
         import time
         import recorder; recorder.install()

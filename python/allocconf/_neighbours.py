@@ -19,7 +19,8 @@ from allocconf import _C
 TYPE_CHECKING = False  # typing costs import time; only checkers need it
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable, Dict, List, Mapping, Optional
+    from typing import (Any, Callable, Dict, List, Mapping, Optional,
+                        Tuple)
 
 #: Components that cannot live with expandable segments, and why.
 NEIGHBOURS = {
@@ -50,9 +51,9 @@ SETTERS = (
     "_C._cuda_cudaCachingAllocator_set_allocator_settings",
 )
 
-#: The variables torch reads, the first one it reads for CUDA first.
-VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
-             "PYTORCH_ALLOC_CONF")
+#: The variables torch may read, PYTORCH_CUDA_ALLOC_CONF (which every
+#: torch reads first) first; the list lives in csrc/environ.c.
+VARIABLES: Tuple[str, ...] = _C._internals()["variables"]
 
 
 def arrived(name: str, why: str) -> List[str]:

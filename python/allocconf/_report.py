@@ -153,15 +153,19 @@ def _neighbours_found(status: Any) -> List[Dict[str, Any]]:
 
 
 def _variables() -> Dict[str, Any]:
-    """The variables torch reads that are set, and whether they disagree
-    (torch reads only the first it finds, and which one differs between
-    versions)."""
+    """The variables torch may read that are set, whether they disagree
+    (torch reads only the first it finds), and, once torch is imported,
+    those this torch does not read for CUDA at all (2.9 and older ignore
+    PYTORCH_ALLOC_CONF; only ROCm builds read PYTORCH_HIP_ALLOC_CONF)."""
     import os
 
-    from allocconf._neighbours import VARIABLES
-
-    found = {n: os.environ[n] for n in VARIABLES if n in os.environ}
-    return {"set": found, "conflict": len(set(found.values())) > 1}
+    inner = _C._internals()
+    found = {n: os.environ[n] for n in inner["variables"] if n in os.environ}
+    reads = list(inner["reads"]) if inner["attached"] else None
+    return {"set": found, "conflict": len(set(found.values())) > 1,
+            "torch_reads": reads,
+            "ignored": {n: v for n, v in found.items()
+                        if reads is not None and n not in reads}}
 
 
 def _pidfd_advice(p: Dict[str, Any]) -> Optional[str]:

@@ -32,7 +32,9 @@ class Status:
             anyway.
         advice: warnings about the configuration in force (logged to the
             "allocconf" logger when torch is imported), e.g. a
-            max_split_size_mb that fights expandable segments.
+            max_split_size_mb that fights expandable segments, or a
+            variable set that this torch does not read (PYTORCH_ALLOC_CONF
+            on torch 2.9 and older), whose settings apply nowhere.
         warnings: allocconf's warnings that the warning filters would have
             raised inside the user's ``import torch`` (``-W error``); they
             went to the "allocconf" logger instead, so that the import

@@ -1,0 +1,181 @@
+"""allocconf reads the variable the running torch reads (issue 14 item 2).
+
+Which of PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF and
+PYTORCH_ALLOC_CONF a torch reads differs by version and build
+(docs/compatibility.md, measured with tools/torch-variables.py): torch
+before 2.10 (no torch._C._accelerator_setAllocatorSettings) reads only the
+CUDA one (and the HIP one on ROCm builds); 2.10+ reads all three for
+expandable_segments, and its CUDA allocator takes `backend` from the CUDA
+one, then PYTORCH_ALLOC_CONF.  The decisions are checked with a stand-in
+torch carrying only the capability; the real torch installed is the
+oracle in the last tests (2.13's getter in CI; the backend torch chose on
+the CUDA builds that tools/old-torch-check.sh installs)."""
+import pytest
+
+from support import run_json, torch_facts
+from test_platforms import decide
+
+OLD = dict(version="2.9.1+cu128", cuda="12.8",
+           setter="_cuda_cudaCachingAllocator_set_allocator_settings")
+NEW = dict(version="2.14.1+cu130", cuda="13.0")
+
+
+def test_torch_before_2_10_does_not_read_PYTORCH_ALLOC_CONF():
+    out = decide(**OLD, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"})
+    # Its max_split_size_mb is not applied: torch alone would not apply it.
+    assert out["calls"] == ["expandable_segments:True"]
+    st = out["status"]
+    assert st["source"] is None
+    assert st["user_config"] == ""
+    assert st["advice"] == [
+        "PYTORCH_ALLOC_CONF is set ('max_split_size_mb:64') but torch "
+        "2.9.1+cu128 does not read it for CUDA (it reads "
+        "PYTORCH_CUDA_ALLOC_CONF), so allocconf does not apply it either. "
+        "Move the settings to PYTORCH_CUDA_ALLOC_CONF."]
+
+
+def test_torch_2_10_and_later_read_PYTORCH_ALLOC_CONF():
+    out = decide(**NEW, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"})
+    assert out["calls"] == ["max_split_size_mb:64,expandable_segments:True"]
+    assert out["status"]["source"] == "PYTORCH_ALLOC_CONF"
+    assert not any("does not read" in a for a in out["status"]["advice"])
+
+
+def test_an_opt_out_torch_cannot_see_is_still_honoured():
+    out = decide(**OLD, env={
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:32",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:False"})
+    assert out["calls"] == []  # torch keeps what it read: nothing to write
+    st = out["status"]
+    assert st["expandable_segments"] is False
+    assert st["source"] == "PYTORCH_CUDA_ALLOC_CONF"
+    assert st["reason"] == (
+        "expandable_segments:False set by the user in PYTORCH_ALLOC_CONF, "
+        "which this torch does not read for CUDA: allocconf honours it as "
+        "an opt-out and turns nothing on")
+    assert "honoured as an opt-out" in st["advice"][0]
+
+
+def test_an_unread_variable_saying_true_changes_nothing():
+    # allocconf's default turns expandable segments on anyway; the other
+    # keys of the unread variable stay unapplied.
+    out = decide(**OLD, env={
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:64"})
+    assert out["calls"] == ["expandable_segments:True"]
+    assert out["status"]["reason"] == "expandable segments turned on by " \
+                                      "allocconf"
+
+
+@pytest.mark.parametrize("hip, read", [(None, False), ("7.0.51831", True)])
+def test_the_hip_variable_before_2_10_only_on_rocm(hip, read):
+    out = decide(**{**OLD, "hip": hip},
+                 env={"PYTORCH_HIP_ALLOC_CONF": "max_split_size_mb:64"})
+    if read:
+        assert out["calls"] == ["max_split_size_mb:64,"
+                                "expandable_segments:True"]
+        assert out["status"]["source"] == "PYTORCH_HIP_ALLOC_CONF"
+    else:
+        assert out["calls"] == ["expandable_segments:True"]
+        assert "PYTORCH_HIP_ALLOC_CONF is set" in out["status"]["advice"][0]
+
+
+@pytest.mark.parametrize("var, blocked", [
+    ("PYTORCH_CUDA_ALLOC_CONF", True),
+    ("PYTORCH_ALLOC_CONF", True),
+    # 2.14.1's CUDA allocator takes no backend from the HIP variable
+    # (measured), though its expandable_segments comes from there.
+    ("PYTORCH_HIP_ALLOC_CONF", False),
+])
+def test_the_backend_comes_from_what_the_cuda_allocator_reads(var, blocked):
+    out = decide(**NEW, env={var: "backend:cudaMallocAsync"})
+    st = out["status"]
+    if blocked:
+        assert out["calls"] == []
+        assert st["reason"] == (
+            f"backend:cudaMallocAsync in {var}: that backend has no "
+            f"expandable segments; allocconf writes nothing")
+    else:
+        assert out["calls"] == ["expandable_segments:True"]  # no backend
+        assert st["expandable_segments"] is True
+
+
+def test_a_backend_torch_ignores_does_not_block():
+    out = decide(**OLD, env={"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"})
+    assert out["calls"] == ["expandable_segments:True"]
+    assert "does not read it" in out["status"]["advice"][0]
+
+
+def test_report_names_what_torch_ignores():
+    out = run_json("""
+        import types
+        torch = types.ModuleType("torch")
+        torch.__version__ = "2.9.1+cu128"
+        torch.version = types.SimpleNamespace(cuda="12.8", hip=None)
+        torch._C = types.SimpleNamespace(
+            _cuda_cudaCachingAllocator_set_allocator_settings=print)
+        sys.modules["torch"] = torch
+        import allocconf
+        from allocconf import _report
+        print(json.dumps(_report._variables()))
+    """, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:64",
+              "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:32"})
+    assert out == {
+        "set": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:32",
+                "PYTORCH_ALLOC_CONF": "max_split_size_mb:64"},
+        "conflict": True,
+        "torch_reads": ["PYTORCH_CUDA_ALLOC_CONF"],
+        "ignored": {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}}
+
+
+def test_before_torch_every_variable_counts():
+    # torch not imported yet: allocconf cannot tell which it will read.
+    out = run_json("""
+        import allocconf
+        print(json.dumps([allocconf.status().source,
+                          allocconf._C._internals()["reads"]]))
+    """, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"})
+    assert out == ["PYTORCH_ALLOC_CONF", ["PYTORCH_CUDA_ALLOC_CONF",
+                                          "PYTORCH_HIP_ALLOC_CONF",
+                                          "PYTORCH_ALLOC_CONF"]]
+
+
+# ---------------------------------------------------------------------------
+# The installed torch as the oracle
+# ---------------------------------------------------------------------------
+
+VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF")
+# Each alone, and each pair in both orders, with values telling them apart.
+SETS = [{v: "max_split_size_mb:101"} for v in VARS] + [
+    {a: "max_split_size_mb:101", b: "max_split_size_mb:102"}
+    for a in VARS for b in VARS if a != b] + [
+    {a: "", b: "max_split_size_mb:102"} for a in VARS for b in VARS if a != b]
+
+
+@pytest.mark.parametrize("env", SETS, ids=lambda e: ",".join(
+    f"{k[8:-11] or 'ALLOC'}={v[-3:] or 'empty'}" for k, v in e.items()))
+def test_allocconf_reads_what_torchs_getter_shows(env):
+    if not torch_facts()["getter"]:
+        pytest.skip("this torch has no getter to compare with")
+    out = run_json("""
+        import allocconf, torch
+        print(json.dumps([allocconf.status().user_config,
+                          torch._C._accelerator_getAllocatorSettings()]))
+    """, env={**env, "ALLOCCONF_AUTO": "0"})
+    assert out[0] == out[1]
+
+
+@pytest.mark.parametrize("var", VARS)
+def test_allocconf_blocks_exactly_when_torch_chose_the_async_backend(var):
+    out = run_json("""
+        import allocconf, torch
+        if not torch.version.cuda:
+            print(json.dumps(None)); raise SystemExit
+        print(json.dumps([torch.cuda.get_allocator_backend(),
+                          allocconf.status().reason]))
+    """, env={var: "backend:cudaMallocAsync"})
+    if out is None:
+        pytest.skip("a CPU build has no CUDA allocator to ask")
+    backend, reason = out
+    assert (backend == "cudaMallocAsync") is (
+        "that backend has no expandable segments" in reason), out
