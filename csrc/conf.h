@@ -100,4 +100,8 @@ unsigned ac_sticky_mask(const ac_conf *c);
 const char *ac_sticky_key(int i);
 const char *ac_sticky_default(int i);
 
+/* The bits of the sticky keys a torch knows: all of them with the 2.10
+ * configuration (`generic`), else only expandable_segments. */
+unsigned ac_sticky_known(int generic);
+
 #endif /* ALLOCCONF_CONF_H */

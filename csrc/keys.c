@@ -331,16 +331,34 @@ ac_check_relations(const ac_conf *c, ac_error *err)
 /* ------------------------------------------------------------------ */
 
 /* The keys torch keeps when a write leaves them out (facts §2), with the
- * value that gives torch's default back; NULL where none can. */
+ * value that gives torch's default back (NULL where none can), and
+ * whether only torch with the 2.10 configuration knows the key: 2.6.0's
+ * and 2.9.1's setters refuse large_segment_size_mb ("Unrecognized
+ * CachingAllocator option"), so its default must never be written there. */
 static const struct {
     const char *key;
     const char *dflt;
+    int generic_only;
 } STICKY[AC_NSTICKY] = {
-    {"expandable_segments", "False"},
-    {"large_segment_size_mb", "20"},
-    {"expandable_segments_reserve", NULL},
-    {"expandable_segments_reserve_by_class", NULL},
+    {"expandable_segments", "False", 0},
+    {"large_segment_size_mb", "20", 1},
+    {"expandable_segments_reserve", NULL, 1},
+    {"expandable_segments_reserve_by_class", NULL, 1},
 };
+
+unsigned
+ac_sticky_known(int generic)
+{
+    unsigned mask = 0;
+    int i;
+
+    for (i = 0; i < AC_NSTICKY; i++) {
+        if (generic || !STICKY[i].generic_only) {
+            mask |= 1u << i;
+        }
+    }
+    return mask;
+}
 
 unsigned
 ac_sticky_mask(const ac_conf *c)

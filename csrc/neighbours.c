@@ -87,6 +87,8 @@ ac_foreign_write(ac_state *st, PyObject *writer, PyObject *s)
     }
     else if (mergeable && (result = ac_merge_write_locked(
                                st, &add, NULL, writer, 1, &o)) != NULL) {
+        /* Kept: the caller returns None, as torch's setter does. */
+        Py_SETREF(result, Py_NewRef(Py_None));
         st->foreign++;
     }
     else if (o.torch_exc == NULL) {
@@ -109,9 +111,6 @@ ac_foreign_write(ac_state *st, PyObject *writer, PyObject *s)
         /* The caller sees torch's own error, as without allocconf. */
         PyErr_SetRaisedException(o.torch_exc);
         return NULL;
-    }
-    if (result != NULL && result != Py_NotImplemented) {
-        Py_SETREF(result, Py_NewRef(Py_None));
     }
     return result;
 }

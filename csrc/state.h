@@ -114,6 +114,7 @@ typedef struct {
     int attached;           /* torch has been imported and seen */
     int cpu_only;           /* torch built without CUDA or ROCm */
     unsigned mask_in_force; /* the sticky keys of in_force */
+    unsigned sticky_known;  /* the sticky keys this torch knows */
     Py_ssize_t writes;      /* writes made through the setter */
     Py_ssize_t foreign;     /* setter calls by other components, kept */
     Py_ssize_t n_off;       /* open windows holding expandable segments off */

@@ -24,14 +24,14 @@
 /* Writing                                                              */
 /* ------------------------------------------------------------------ */
 
-/* The sticky keys whose default can be written back. */
+/* The sticky keys whose default can be written back to this torch. */
 static unsigned
-restorable(void)
+restorable(const ac_state *st)
 {
     unsigned mask = 0;
     int i;
     for (i = 0; i < AC_NSTICKY; i++) {
-        if (ac_sticky_default(i) != NULL) {
+        if (ac_sticky_default(i) != NULL && (st->sticky_known & (1u << i))) {
             mask |= 1u << i;
         }
     }
@@ -60,7 +60,7 @@ with_defaults(PyObject *s, unsigned bits)
 /* The sticky keys of a string torch holds (ac_sticky_mask); when it does
  * not parse, every key with a default counts as off it. */
 static unsigned
-mask_of(PyObject *s)
+mask_of(const ac_state *st, PyObject *s)
 {
     ac_conf c = {NULL, 0, 0};
     ac_error err;
@@ -70,10 +70,10 @@ mask_of(PyObject *s)
 
     if (ac_conf_chars(s, &u, &n) < 0) {
         PyErr_Clear();
-        return restorable() << AC_NSTICKY;
+        return restorable(st) << AC_NSTICKY;
     }
     if (ac_conf_parse(u, (size_t)n, &c, &err) < 0) {
-        return restorable() << AC_NSTICKY;
+        return restorable(st) << AC_NSTICKY;
     }
     mask = ac_sticky_mask(&c);
     ac_conf_clear(&c);
@@ -137,7 +137,7 @@ ac_sync_locked(ac_state *st, const char *why)
     /* Sticky keys torch holds that the target leaves out get their
      * default, or torch would keep them (facts §2). */
     named = st->in_force == NULL
-                ? restorable()
+                ? restorable(st)
                 : AC_STICKY_OFF(st->mask_in_force) & ~AC_STICKY_NAMED(mask);
     write = with_defaults(target, named);
     if (write == NULL) {
@@ -160,11 +160,11 @@ int
 ac_write_as_is_locked(ac_state *st, PyObject *s, const char *why)
 {
     if (call_setter(st, s) < 0) {
-        give_back(st, AC_STICKY_NAMED(mask_of(s)));
+        give_back(st, AC_STICKY_NAMED(mask_of(st, s)));
         return -1;
     }
     Py_XSETREF(st->in_force, Py_NewRef(s));
-    st->mask_in_force = mask_of(s);
+    st->mask_in_force = mask_of(st, s);
     ac_trace_locked(st, why, s);
     return 0;
 }
@@ -409,15 +409,15 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
 {
     probe *p = arg;
     unsigned mask, reads;
+    int generic;
 
     if (st->attached) {
         return 0;
     }
     /* Read what this torch reads: the variables differ by build and
      * version (environ.c). */
-    reads =
-        ac_env_reads(p->hip != NULL && PyUnicode_Check(p->hip),
-                     p->api != NULL && strcmp(p->api, GENERIC_SETTER) == 0);
+    generic = p->api != NULL && strcmp(p->api, GENERIC_SETTER) == 0;
+    reads = ac_env_reads(p->hip != NULL && PyUnicode_Check(p->hip), generic);
     if (!st->configured) {
         /* The user may have changed the environment between
          * `import allocconf` and `import torch`: torch reads it later. */
@@ -438,6 +438,7 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
         }
     }
     st->reads = reads;
+    st->sticky_known = ac_sticky_known(generic);
     if (ac_env_opt_out_locked(st) < 0) {
         return -1;
     }
@@ -462,7 +463,7 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
      * (not a configure() result: that is not written yet). */
     Py_XSETREF(st->in_force,
                Py_NewRef(p->live != NULL ? p->live : st->env_raw));
-    st->mask_in_force = mask_of(st->in_force);
+    st->mask_in_force = mask_of(st, st->in_force);
     st->attached = 1;
     ac_trace_locked(st, "torch imported; it holds", st->in_force);
     if (ac_sync_locked(st, "wrote") < 0) {

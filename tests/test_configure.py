@@ -2,7 +2,7 @@
 bad input."""
 import pytest
 
-from support import run_json
+from support import run_json, skip_if_torch_dies
 
 CONFIGURE = """
 import recorder; recorder.install()
@@ -124,6 +124,7 @@ assert inside == "max_split_size_mb:96,expandable_segments:False", inside
 
 
 def test_configure_refuses_to_merge_into_a_malformed_variable():
+    skip_if_torch_dies({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:1"})
     out = run_json("""
         warnings.simplefilter("ignore")  # the import-time warning
         import allocconf, torch

@@ -74,3 +74,44 @@ def test_cpu_build_is_written_and_says_no_device_uses_it():
     out = decide("2.13.0+cpu")
     assert out["calls"] == ["expandable_segments:True"]
     assert "CPU-only build" in out["status"]["reason"]
+
+
+def test_torch_before_2_10_is_never_sent_keys_it_does_not_know():
+    # 2.6.0's and 2.9.1's setters refuse large_segment_size_mb (measured:
+    # "Unrecognized CachingAllocator option"); a forked child, which must
+    # give every sticky key its default back, once sent it and every
+    # window there failed.
+    out = run_json("""
+        import os, types
+        calls = []
+        def setter(conf):
+            if "large_segment_size_mb" in conf:
+                raise RuntimeError("Unrecognized CachingAllocator option: "
+                                   "large_segment_size_mb")
+            calls.append(conf)
+        torch = types.ModuleType("torch")
+        torch.__version__ = "2.9.1+cu128"
+        torch.version = types.SimpleNamespace(cuda="12.8", hip=None)
+        torch._C = types.SimpleNamespace(
+            _cuda_cudaCachingAllocator_set_allocator_settings=setter)
+        sys.modules["torch"] = torch
+        import allocconf
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with allocconf.ipc_safe():
+                    pass
+                got = calls
+            except Exception as exc:
+                got = repr(exc)
+            os.write(w, json.dumps(got).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(r, 65536).decode())
+    """)
+    assert isinstance(out, list), out  # else the window's error
+    assert not any("large_segment_size_mb" in c for c in out), out
+    # The window's pair, after the child's restore.
+    assert out[-2:] == ["expandable_segments:False",
+                        "expandable_segments:True"]
