@@ -6,27 +6,30 @@ import pytest
 
 from support import run_json
 
-STAND_IN = """
+def stand_in(version, cuda=None, hip=None,
+             setter="_accelerator_setAllocatorSettings", call="calls.append"):
+    """Child-script text: a stand-in `torch` with `setter` (calling `call`,
+    which records into `calls` by default), then `import allocconf`."""
+    return f"""
 import types
 calls = []
 torch = types.ModuleType("torch")
-torch.__version__ = VERSION
-torch.version = types.SimpleNamespace(cuda=CUDA, hip=HIP)
+torch.__version__ = {version!r}
+torch.version = types.SimpleNamespace(cuda={cuda!r}, hip={hip!r})
 torch._C = types.SimpleNamespace()
-if SETTER:
-    setattr(torch._C, SETTER, calls.append)
+if {setter!r}:
+    setattr(torch._C, {setter!r}, {call})
 sys.modules["torch"] = torch
 import allocconf
-print(json.dumps({"calls": calls, "status": allocconf.status().as_dict()}))
 """
 
 
 def decide(version, cuda=None, hip=None,
            setter="_accelerator_setAllocatorSettings", env=None):
-    code = (STAND_IN.replace("VERSION", repr(version))
-            .replace("CUDA", repr(cuda)).replace("HIP", repr(hip))
-            .replace("SETTER", repr(setter)))
-    return run_json(code, env=env)
+    return run_json(stand_in(version, cuda, hip, setter), """
+        print(json.dumps({"calls": calls,
+                          "status": allocconf.status().as_dict()}))
+    """, env=env)
 
 
 @pytest.mark.parametrize("hip", ["6.2.41133-dd7f95766", "5.7.31921"])
@@ -82,20 +85,15 @@ def test_torch_before_2_10_is_never_sent_keys_it_does_not_know():
     # give every sticky key its default back, once sent it and every
     # window there failed.
     out = run_json("""
-        import os, types
-        calls = []
+        import os
         def setter(conf):
             if "large_segment_size_mb" in conf:
                 raise RuntimeError("Unrecognized CachingAllocator option: "
                                    "large_segment_size_mb")
             calls.append(conf)
-        torch = types.ModuleType("torch")
-        torch.__version__ = "2.9.1+cu128"
-        torch.version = types.SimpleNamespace(cuda="12.8", hip=None)
-        torch._C = types.SimpleNamespace(
-            _cuda_cudaCachingAllocator_set_allocator_settings=setter)
-        sys.modules["torch"] = torch
-        import allocconf
+    """, stand_in("2.9.1+cu128", "12.8",
+                  setter="_cuda_cudaCachingAllocator_set_allocator_settings",
+                  call="setter"), """
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:

@@ -13,7 +13,7 @@ the CUDA builds that tools/old-torch-check.sh installs)."""
 import pytest
 
 from support import run_json, torch_facts
-from test_platforms import decide
+from test_platforms import decide, stand_in
 
 OLD = dict(version="2.9.1+cu128", cuda="12.8",
            setter="_cuda_cudaCachingAllocator_set_allocator_settings")
@@ -106,15 +106,7 @@ def test_a_backend_torch_ignores_does_not_block():
 
 
 def test_report_names_what_torch_ignores():
-    out = run_json("""
-        import types
-        torch = types.ModuleType("torch")
-        torch.__version__ = "2.9.1+cu128"
-        torch.version = types.SimpleNamespace(cuda="12.8", hip=None)
-        torch._C = types.SimpleNamespace(
-            _cuda_cudaCachingAllocator_set_allocator_settings=print)
-        sys.modules["torch"] = torch
-        import allocconf
+    out = run_json(stand_in(**OLD), """
         from allocconf import _report
         print(json.dumps(_report._variables()))
     """, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:64",
