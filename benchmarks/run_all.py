@@ -26,10 +26,29 @@ from common import HERE, machine, out_dir_arg  # noqa: E402
 
 ORDER = ["window_cost", "import_cost", "fragmentation", "ipc_sync",
          "configure_scale"]
+# Runs of one script with its arguments, each with its own name.
+VARIANTS = {"ipc_sync": {"ipc_sync_uniform": ["--model", "uniform"],
+                         "ipc_sync_llama8b": ["--model", "llama8b"],
+                         "ipc_sync_uniform_nobody": [
+                             "--model", "uniform", "--as-nobody",
+                             "--only", "direct,transfer"]}}
 
 
 def run(name: str, out: str, extra: List[str]) -> str:
     cmd = [sys.executable, os.path.join(HERE, f"{name}.py"), "--out", out]
+    if name in VARIANTS:  # each variant in turn, their output together
+        return "".join(run_variant(name, out, extra, v)
+                       for v in VARIANTS[name].values())
+    return run_cmd(cmd, extra)
+
+
+def run_variant(name: str, out: str, extra: List[str],
+                args: List[str]) -> str:
+    return run_cmd([sys.executable, os.path.join(HERE, f"{name}.py"),
+                    "--out", out] + args, extra)
+
+
+def run_cmd(cmd: List[str], extra: List[str]) -> str:
     print(f"$ {' '.join(cmd[1:] + extra)}", flush=True)
     proc = subprocess.run(cmd + extra, capture_output=True, text=True,
                           timeout=1800)
@@ -121,22 +140,31 @@ def page(out: str, printed: Dict[str, str], command: str) -> str:
         if os.path.exists(os.path.join(out, "fragmentation.png")):
             lines += ["![fragmentation](img/fragmentation.png)", ""]
         lines += ["```", printed.get("fragmentation", "").strip(), "```", ""]
-    p = load(out, "ipc_sync")
-    if p:
-        lines += ["## IPC weight sync", "",
-                  f"{p['gib']} GiB of bf16 weights in {p['tensors']} tensors,"
-                  " allocated with expandable segments on, sent to a receiver"
-                  " process (spawn) that rebuilds them and checks every"
-                  " element.", "",
-                  "| approach | cold (ms) | warm (ms, median) | extra memory "
-                  "(GiB) | correct |", "|---|---:|---:|---:|---|"]
-        for name, r in p["approaches"].items():
-            lines.append(f"| {name} | {r['cold_ms']:.1f} | {r['warm_ms']:.1f} |"
-                         f" {r['extra_gib']:.2f} | {r['correct']} |")
+    for name in ("ipc_sync_uniform", "ipc_sync_llama8b",
+                 "ipc_sync_uniform_nobody"):
+        p = load(out, name)
+        if not p:
+            continue
         s = p["summary"]
-        lines += ["", f"direct / pack: warm x{s['warm_ratio_direct_over_pack']:.1f}"
-                  f", cold x{s['cold_ratio_direct_over_pack']:.1f}.", "",
-                  "```", printed.get("ipc_sync", "").strip(), "```", ""]
+        lines += [f"## IPC weight sync: {p['model']}"
+                  + (", as an unprivileged user" if p["as_nobody"] else ""),
+                  "",
+                  f"{p['gib']:.2f} GiB of bf16 weights in {p['tensors']} "
+                  "tensors, in expandable segments, sent to a receiver "
+                  "process (spawn) that rebuilds them and checks every "
+                  f"element. Device copy bandwidth {s['copy_gbps']:.0f} GB/s"
+                  f": {s['copy_limit_ms']:.1f} ms to copy the weights once.",
+                  "", "| approach | cold (ms) | warm (ms, median) | warm / "
+                  "copy limit | extra memory (GiB) | correct |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for approach, r in p["approaches"].items():
+            warm = (f"{r['warm_ms']:.1f} | {r['warm_over_copy_limit']:.2f}x"
+                    if r["warm_ms"] is not None else "- | -")
+            lines.append(f"| {approach} | {r['cold_ms']:.1f} | {warm} | "
+                         f"{r['extra_gib']:.2f} | {r['correct']} |")
+        said = [ln for ln in printed.get("ipc_sync", "").splitlines()
+                if not ln.startswith("{")]  # the JSON line is in the file
+        lines += ["", "```", "\n".join(said).strip(), "```", ""]
     c = load(out, "configure_scale")
     if c:
         lines += ["## configure() as the configuration grows", "",

@@ -1,16 +1,18 @@
 """RL weight sync with allocconf: a trainer that keeps its memory in
 expandable segments pushes its weights to an inference worker through
-CUDA IPC, packed into one IPC-safe buffer.
+classic CUDA IPC, bucket after bucket, with allocconf.transfer.
 
     python examples/rl_weight_sync.py [--steps N] [--layers N] [--width N]
 
 The trainer trains (expandable segments: no fragmentation), then for each
-sync copies every parameter into one flat buffer allocated once inside
-``allocconf.ipc_safe()`` (classic memory, shareable by cudaIpcGetMemHandle)
-and sends it with torch.multiprocessing.  The worker (another process, as
-an inference engine would be) copies the weights into its own model and
-answers with a checksum, which the trainer checks.  Exits 0 when every
-sync arrived intact.
+sync packs its parameters into two reusable 64 MiB buffers that a Sender
+allocated once inside ``allocconf.ipc_safe()`` (classic memory, shareable
+by cudaIpcGetMemHandle, no pidfd_getfd needed) and sends a small Message
+per bucket with torch.multiprocessing.  The worker (another process, as an
+inference engine would be) opens each buffer once, loads every bucket into
+its own model and acknowledges it; a buffer is refilled only after its
+acknowledgement.  The worker answers each sync with a checksum, which the
+trainer checks.  Exits 0 when every sync arrived intact.
 """
 from __future__ import annotations
 
@@ -33,23 +35,26 @@ def checksum(tensors: list[torch.Tensor]) -> float:
 
 
 def worker(layers: int, width: int, inbox, outbox) -> None:
-    """The inference side: load each sync into its own weights."""
+    """The inference side: load each bucket into its own weights."""
+    from allocconf.transfer import Receiver
+
     model = make_model(layers, width, "cuda")
-    params = list(model.parameters())
+    weights = dict(model.named_parameters())
+    receiver = Receiver()
     while True:
         msg = inbox.get()
         if msg is None:
             return
-        flat, sizes = msg  # a CUDA tensor rebuilt from an IPC handle
         with torch.no_grad():
-            for p, src in zip(params, flat.split(sizes)):
-                p.copy_(src.view_as(p))
-        torch.cuda.synchronize()
-        outbox.put(checksum(params))
-        del flat, msg
+            outbox.put(receiver.load(msg, into=weights))  # the Ack
+        if msg.last:
+            torch.cuda.synchronize()
+            outbox.put(checksum(list(weights.values())))
 
 
 def main() -> int:
+    from allocconf.transfer import Sender
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=8)
@@ -58,16 +63,9 @@ def main() -> int:
     assert allocconf.status().expandable_segments, allocconf.status().reason
 
     model = make_model(args.layers, args.width, "cuda")
-    params = list(model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    sizes = [p.numel() for p in params]
-
-    # The sync buffer: allocated once, inside the window, so that it is
-    # classic memory that CUDA IPC can share with another process.
-    with allocconf.ipc_safe():
-        flat = torch.empty(sum(sizes), dtype=torch.bfloat16, device="cuda")
-    allocconf.check_ipc({"flat": flat})  # raises if it were expandable
-    views = list(flat.split(sizes))
+    # Two reusable buffers, allocated once inside ipc_safe().
+    sender = Sender(64 << 20, buffers=2)
 
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
@@ -83,13 +81,13 @@ def main() -> int:
         opt.zero_grad(set_to_none=True)
 
         t0 = time.perf_counter()
-        with torch.no_grad():
-            torch._foreach_copy_(views, [p.detach().view(-1) for p in params])
-        torch.cuda.synchronize()
-        inbox.put((flat, sizes))
+        weights = {n: p.detach() for n, p in model.named_parameters()}
+        for msg in sender.send(weights, receive_ack=outbox.get):
+            inbox.put(msg)
+        sender.drain(outbox.get)
         got = outbox.get(timeout=300)
         ms = (time.perf_counter() - t0) * 1e3
-        want = checksum(params)
+        want = checksum(list(weights.values()))
         same = abs(got - want) <= 1e-6 * max(1.0, abs(want))
         ok &= same
         print(f"step {step}: loss {loss.item():.4f}, sync {ms:.1f} ms, "
@@ -97,8 +95,8 @@ def main() -> int:
     inbox.put(None)
     proc.join(timeout=120)
     print(f"{'all syncs intact' if ok else 'SYNC FAILED'}; segments: "
-          f"trainer weights expandable, sync buffer classic "
-          f"(ipc_capable={allocconf.ipc_capable(flat)})")
+          f"trainer weights expandable, sync buffers classic "
+          f"(ipc_capable={allocconf.ipc_capable(sender.buffers[0])})")
     return 0 if ok and proc.exitcode == 0 else 1
 
 

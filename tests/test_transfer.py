@@ -1,0 +1,324 @@
+"""allocconf.transfer without a GPU: the layout, the packing and loading
+with CPU buffers in one process (tests/transfer_host.py stands in for
+CUDA IPC and its events), the acknowledgement protocol, messages that
+pickle, and clear errors.  tests/gpu/test_transfer.py runs sender and
+receiver in two processes on a GPU."""
+import pickle
+
+import pytest
+
+from support import run_json, torch_facts
+
+torch_facts()  # skips this module without torch
+import torch  # noqa: E402
+
+from allocconf import transfer  # noqa: E402
+from allocconf.transfer import ALIGN, Ack, Receiver, Sender, plan  # noqa: E402
+from transfer_host import HostOps  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float32, torch.int8, torch.bool,
+          torch.float64, torch.int64, torch.float16, torch.uint8]
+
+
+def tensors(seed=0, n=24):
+    """Mixed dtypes and odd shapes, scalars and empties among them."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(n):
+        dtype = DTYPES[i % len(DTYPES)]
+        shape = [(), (0,), (7,), (3, 5), (2, 3, 7), (129,), (1, 1, 1, 1),
+                 (33, 17)][i % 8]
+        raw = torch.randint(0, 256, (int(torch.Size(shape).numel())
+                                     * torch.empty((), dtype=dtype)
+                                     .element_size(),), generator=g,
+                            dtype=torch.uint8)
+        t = raw.view(dtype).reshape(shape) if dtype != torch.bool else (
+            (raw % 2).view(torch.bool).reshape(shape))
+        out[f"layer{i}.w"] = t
+    return out
+
+
+def same_bits(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+
+
+def pair(capacity=4096, buffers=2):
+    log = []
+    return (Sender(capacity, buffers, _ops=HostOps(log)),
+            Receiver(_ops=HostOps(log)), log)
+
+
+def sync(sender, receiver, src, dst):
+    """One sync through a pickling channel; returns the messages."""
+    msgs = []
+    acks = []
+    for msg in sender.send(src, receive_ack=acks.pop):
+        msg = pickle.loads(pickle.dumps(msg))
+        msgs.append(msg)
+        acks.insert(0, pickle.loads(pickle.dumps(receiver.load(msg, dst))))
+    sender.drain(acks.pop)
+    return msgs
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+def test_plan_aligns_orders_and_fills_buckets():
+    sizes = [("a", "float32", (3,), 12), ("b", "int8", (300,), 300),
+             ("c", "bfloat16", (750,), 1500), ("d", "int8", (1,), 1)]
+    buckets = plan(sizes, 2048)
+    assert [[e.name for e in b] for b in buckets] == [["a", "b"],
+                                                      ["c", "d"]]
+    for b in buckets:
+        for e in b:
+            assert e.offset % ALIGN == 0
+            assert e.offset + e.nbytes <= 2048
+            assert e.whole
+        ends = [e.offset + e.nbytes for e in b]
+        assert all(x <= y.offset for x, y in zip(ends, b[1:]))
+
+
+def test_plan_splits_a_tensor_larger_than_a_buffer():
+    buckets = plan([("small", "int8", (10,), 10),
+                    ("big", "float32", (2500,), 10_000),
+                    ("after", "int8", (5,), 5)], 4096)
+    pieces = [e for b in buckets for e in b if e.name == "big"]
+    assert len(pieces) == 3
+    assert [p.start for p in pieces] == [0, 4096, 8192]
+    assert sum(p.nbytes for p in pieces) == 10_000
+    assert all(p.offset == 0 and p.size == 10_000 and not p.whole
+               for p in pieces)
+    # The small one stays alone; the last piece shares with what follows.
+    assert [e.name for e in buckets[0]] == ["small"]
+    assert [e.name for e in buckets[-1]] == ["big", "after"]
+
+
+@pytest.mark.parametrize("capacity", [0, ALIGN - 1, 1.5e9, "1G", True])
+def test_plan_refuses_a_bad_capacity_naming_it(capacity):
+    with pytest.raises(ValueError, match=f"capacity .* got {capacity!r}"):
+        plan([], capacity)
+
+
+# ---------------------------------------------------------------------------
+# Packing and loading
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("capacity", [ALIGN, 1024, 1 << 20])
+def test_round_trip_is_bit_for_bit(capacity):
+    sender, receiver, _ = pair(capacity)
+    src = tensors()
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    msgs = sync(sender, receiver, src, dst)
+    assert all(same_bits(src[k], dst[k]) for k in src)
+    assert msgs[-1].last and not any(m.last for m in msgs[:-1])
+    assert [m.seq for m in msgs] == list(range(len(msgs)))
+
+
+def test_buffers_are_reused_across_syncs_and_opened_once():
+    sender, receiver, log = pair(1024, buffers=2)
+    for step in range(10):
+        src = tensors(seed=step)
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        msgs = sync(sender, receiver, src, dst)
+        assert all(same_bits(src[k], dst[k]) for k in src), step
+        assert {m.sync for m in msgs} == {step + 1}
+    assert len(sender.buffers) == 2
+    assert sum(1 for op in log if op[0] == "open") == 2
+    assert sender.pending == 0
+
+
+def test_views_are_zero_copy_until_released():
+    sender, receiver, _ = pair(1 << 16)
+    src = tensors(n=8)
+    (msg,) = list(sender.send(src))
+    views = receiver.views(msg)
+    assert all(same_bits(src[k], views[k]) for k in src)
+    buf = sender.buffers[msg.buffer]
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
+    assert all(lo <= v.data_ptr() < hi or v.numel() == 0
+               for v in views.values())
+    sender.acknowledge(receiver.release(msg))
+    assert sender.pending == 0
+
+
+def test_views_refuse_a_split_tensor():
+    sender, receiver, _ = pair(ALIGN)
+    gen = sender.send({"big": torch.zeros(100, dtype=torch.float32)})
+    msg = next(gen)
+    with pytest.raises(ValueError, match="'big' is split across buckets"):
+        receiver.views(msg)
+
+
+def test_a_generator_of_shards_is_consumed_lazily():
+    sender, receiver, _ = pair(1024)
+    seen = []
+
+    def shards():
+        for i in range(6):
+            seen.append(i)
+            yield f"s{i}", torch.full((200,), i, dtype=torch.float32)
+    gen = sender.send(shards(), receive_ack=lambda: None)
+    next(gen)
+    assert seen == [0, 1]  # 800 bytes each: the third starts bucket two
+
+
+# ---------------------------------------------------------------------------
+# The acknowledgement protocol
+# ---------------------------------------------------------------------------
+
+def test_a_buffer_is_reused_only_after_its_ack():
+    sender, receiver, log = pair(1024, buffers=2)
+    src = {f"t{i}": torch.full((200,), i, dtype=torch.float32)
+           for i in range(3)}  # three buckets, two buffers
+    gen = sender.send(src)
+    m0, m1 = next(gen), next(gen)
+    assert (m0.buffer, m1.buffer) == (0, 1)
+    with pytest.raises(RuntimeError, match="all 2 buffers wait for the "
+                       "receiver's Ack; pass receive_ack="):
+        next(gen)
+    # With the Ack taken from the channel, the third bucket goes into
+    # buffer 0, after the sender waited for the receiver's reads.
+    sender2, receiver2, log2 = pair(1024, buffers=2)
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    acks, taken = [], []
+
+    def receive_ack():
+        taken.append(acks.pop(0))
+        return taken[-1]
+    msgs = []
+    for msg in sender2.send(src, receive_ack=receive_ack):
+        msgs.append(msg)
+        acks.append(receiver2.load(msg, dst))
+    assert all(same_bits(src[k], dst[k]) for k in src)
+    assert [m.buffer for m in msgs] == [0, 1, 0]
+    assert [(a.sync, a.seq) for a in taken] == [(1, 0)]
+    # The sender's stream waited for the receiver's event (recorded after
+    # its reads of bucket 0) before packing bucket 2 into that buffer.
+    wait = log2.index(("wait", taken[0].event))
+    packed = max(i for i, op in enumerate(log2)
+                 if op == ("record", msgs[2].event))
+    assert log2.index(("record", taken[0].event)) < wait < packed
+    assert sender2.pending == 2  # the last two, not needed yet
+
+
+def test_acks_that_do_not_match_are_refused():
+    sender, receiver, _ = pair(1024, buffers=2)
+    src = {"a": torch.zeros(10)}
+    (msg,) = list(sender.send(src))
+    ack = receiver.release(msg)
+    other = Sender(1024, _ops=HostOps())
+    with pytest.raises(ValueError, match="not an Ack for this sender"):
+        other.acknowledge(ack)
+    with pytest.raises(ValueError, match="not an Ack"):
+        sender.acknowledge("ack")
+    wrong = Ack(ack.sender, ack.sync, ack.seq + 1, ack.buffer, ack.event)
+    with pytest.raises(ValueError, match="holds sync 1 bucket 0"):
+        sender.acknowledge(wrong)
+    sender.acknowledge(ack)
+    with pytest.raises(ValueError, match="holds nothing unacknowledged"):
+        sender.acknowledge(ack)
+
+
+def test_messages_and_acks_pickle_small():
+    sender, receiver, _ = pair(1 << 16)
+    (msg,) = list(sender.send(tensors(n=8)))
+    data = pickle.dumps(msg)
+    assert pickle.loads(data) == msg
+    assert len(data) < 4096
+    ack = receiver.release(msg)
+    assert pickle.loads(pickle.dumps(ack)) == ack
+
+
+# ---------------------------------------------------------------------------
+# Errors, and both sides usable after them
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.zeros(4, 6).t(), "'bad' is not contiguous"),
+    ([1.0, 2.0], "'bad' is a list, not a tensor"),
+    (torch.zeros(3, device="meta"), "'bad' is on meta"),
+])
+def test_bad_inputs_are_named_and_the_sender_stays_usable(bad, match):
+    sender, receiver, _ = pair(1024)
+    src = {"ok": torch.ones(3), "bad": bad}
+    with pytest.raises((ValueError, TypeError), match=match):
+        list(sender.send(src))
+    assert sender.pending == 0
+    good = {"ok": torch.arange(5.0)}
+    dst = {"ok": torch.zeros(5)}
+    sync(sender, receiver, good, dst)
+    assert same_bits(good["ok"], dst["ok"])
+
+
+def test_a_name_that_is_not_a_str_is_refused():
+    sender, _, _ = pair(1024)
+    with pytest.raises(TypeError, match="names must be str, got int 3"):
+        list(sender.send([(3, torch.zeros(2))]))
+
+
+def test_an_exception_mid_sync_leaves_both_sides_usable():
+    sender, receiver, _ = pair(1024, buffers=3)
+    dst = {f"t{i}": torch.zeros(200) for i in range(6)}
+
+    def failing():
+        for i in range(6):
+            if i == 4:
+                raise RuntimeError("gather failed")
+            yield f"t{i}", torch.full((200,), float(i))
+    acks = []
+    with pytest.raises(RuntimeError, match="gather failed"):
+        for msg in sender.send(failing(), receive_ack=lambda: acks.pop(0)):
+            acks.append(receiver.load(msg, dst))
+    sender.drain(lambda: acks.pop(0))
+    assert sender.pending == 0
+    src = {k: torch.full((200,), 9.0) for k in dst}
+    sync(sender, receiver, src, dst)
+    assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+def test_load_checks_every_destination_before_copying():
+    sender, receiver, _ = pair(1 << 16)
+    src = {"a": torch.ones(4), "b": torch.ones(3, dtype=torch.bfloat16)}
+    (msg,) = list(sender.send(src))
+    dst = {"a": torch.zeros(4), "b": torch.zeros(3)}  # b: wrong dtype
+    with pytest.raises(ValueError, match="'b' is float32\\[3\\]; the sender "
+                       "sent bfloat16\\[3\\]"):
+        receiver.load(msg, dst)
+    assert torch.equal(dst["a"], torch.zeros(4))  # nothing copied
+    with pytest.raises(KeyError, match="'b' is not in `into`"):
+        receiver.load(msg, {"a": dst["a"]})
+    sender.acknowledge(receiver.release(msg))
+
+
+@pytest.mark.parametrize("buffers", [0, -1, 1.0, None])
+def test_sender_refuses_a_bad_buffer_count(buffers):
+    with pytest.raises(ValueError, match=f"buffers must be an int >= 1, "
+                       f"got {buffers!r}"):
+        Sender(1024, buffers, _ops=HostOps())
+
+
+def test_import_allocconf_does_not_import_the_transfer_or_torch():
+    out = run_json("""
+        import allocconf
+        print(json.dumps(["allocconf.transfer" in sys.modules,
+                          "torch" in sys.modules]))
+    """)
+    assert out == [False, False]
+
+
+def test_no_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        transfer.Sender(1024)
+
+
+def test_parameters_that_require_grad_go_both_ways():
+    sender, receiver, _ = pair(1 << 16)
+    src = dict(torch.nn.Linear(8, 4).named_parameters())
+    dst = dict(torch.nn.Linear(8, 4).named_parameters())
+    sync(sender, receiver, src, dst)
+    assert all(same_bits(src[k].detach(), dst[k].detach()) for k in src)
+    assert all(p.requires_grad for p in dst.values())
