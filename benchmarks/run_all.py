@@ -35,17 +35,10 @@ VARIANTS = {"ipc_sync": {"ipc_sync_uniform": ["--model", "uniform"],
 
 
 def run(name: str, out: str, extra: List[str]) -> str:
+    """Run benchmark `name` (each of its variants in turn); its output."""
     cmd = [sys.executable, os.path.join(HERE, f"{name}.py"), "--out", out]
-    if name in VARIANTS:  # each variant in turn, their output together
-        return "".join(run_variant(name, out, extra, v)
-                       for v in VARIANTS[name].values())
-    return run_cmd(cmd, extra)
-
-
-def run_variant(name: str, out: str, extra: List[str],
-                args: List[str]) -> str:
-    return run_cmd([sys.executable, os.path.join(HERE, f"{name}.py"),
-                    "--out", out] + args, extra)
+    return "".join(run_cmd(cmd + args, extra)
+                   for args in VARIANTS.get(name, {name: []}).values())
 
 
 def run_cmd(cmd: List[str], extra: List[str]) -> str:

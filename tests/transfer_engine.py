@@ -12,9 +12,11 @@ def spec_of(tensors):
 
 
 def digests(tensors):
-    return {n: hashlib.sha256(t.contiguous().view(-1).view(
-        __import__("torch").uint8).cpu().numpy().tobytes()).hexdigest()
-        for n, t in tensors.items()}
+    import torch
+
+    return {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8)
+                              .cpu().numpy().tobytes()).hexdigest()
+            for n, t in tensors.items()}
 
 
 def engine(spec, inbox, outbox, mode="load"):

@@ -156,7 +156,8 @@ def _variables() -> Dict[str, Any]:
     """The variables torch may read that are set, whether they disagree
     (torch reads only the first it finds), and, once torch is imported,
     those this torch does not read for CUDA at all (2.9 and older ignore
-    PYTORCH_ALLOC_CONF; only ROCm builds read PYTORCH_HIP_ALLOC_CONF)."""
+    PYTORCH_ALLOC_CONF, and read PYTORCH_HIP_ALLOC_CONF on ROCm builds
+    only; csrc/environ.c)."""
     import os
 
     inner = _C._internals()

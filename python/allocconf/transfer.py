@@ -1,4 +1,4 @@
-"""Bucketed weight transfer over classic CUDA IPC (docs/transfer.md).
+"""Bucketed weight transfer over classic CUDA IPC (docs/rl-weight-sync.md).
 
 A trainer (:class:`Sender`) keeps a few reusable buffers of classic
 memory, allocated once inside :func:`allocconf.ipc_safe`, packs named
