@@ -166,13 +166,15 @@ ac_env_snapshot(void)
 }
 
 /* Parse the variable `name` = `value`; on a malformed string, a new str
- * saying why in *detail (and a warning), else *detail NULL.  0 or -1. */
+ * saying why in *detail (and a warning), else *detail NULL.  `known`:
+ * which variables torch reads is known (torch is imported); before that
+ * the warning says that a torch may ignore the variable.  0 or -1. */
 static int
-parse_variable(const char *name, const char *value, ac_conf *parsed,
+parse_variable(const char *name, const char *value, int known, ac_conf *parsed,
                PyObject **detail, PyObject *warnings)
 {
     ac_error err;
-    PyObject *conf;
+    PyObject *conf, *text;
 
     *detail = NULL;
     if (value == NULL ||
@@ -188,12 +190,22 @@ parse_variable(const char *name, const char *value, ac_conf *parsed,
     if (*detail == NULL) {
         return -1;
     }
-    if (ac_warn_append(
-            warnings,
-            PyUnicode_FromFormat("allocconf: %s is malformed: %U; allocconf "
-                                 "writes nothing and leaves the allocator as "
-                                 "torch will read it",
-                                 name, *detail)) < 0) {
+    if (known || strcmp(name, ac_env_vars[0]) == 0) {
+        text = PyUnicode_FromFormat("allocconf: %s is malformed: %U; "
+                                    "allocconf writes nothing and leaves the "
+                                    "allocator as torch will read it",
+                                    name, *detail);
+    }
+    else { /* every torch reads the CUDA variable; not every one these */
+        text = PyUnicode_FromFormat(
+            "allocconf: %s is malformed: %U; allocconf writes nothing unless "
+            "the torch imported does not read %s (torch before 2.10 %s)",
+            name, *detail, name,
+            strcmp(name, "PYTORCH_HIP_ALLOC_CONF") == 0
+                ? "reads it only on ROCm builds"
+                : "reads only PYTORCH_CUDA_ALLOC_CONF");
+    }
+    if (ac_warn_append(warnings, text) < 0) {
         Py_CLEAR(*detail);
         return -1;
     }
@@ -265,7 +277,8 @@ ac_load_locked(ac_state *st, PyObject *warnings)
     }
     /* Before adopting: the strings built there follow the opt-out. */
     st->opt_out = unread_opt_out(ac_env_reads_of(st));
-    if (parse_variable(name, value, &parsed, &detail, warnings) < 0) {
+    if (parse_variable(name, value, st->reads != 0, &parsed, &detail,
+                       warnings) < 0) {
         goto error;
     }
     block = detail != NULL ? AC_BLOCK_MALFORMED : AC_OK;
@@ -304,17 +317,29 @@ error:
     return -1;
 }
 
+typedef struct {
+    unsigned reads; /* 0: not known */
+    int generic;
+} torch_reads;
+
 static int
 load_traced(ac_state *st, void *arg, PyObject *warnings)
 {
-    int rc = ac_load_locked(st, warnings);
-    (void)arg;
+    const torch_reads *t = arg;
+    int rc;
+
+    if (t->reads != 0) {
+        st->reads = t->reads;
+        st->sticky_known = ac_sticky_known(t->generic);
+    }
+    rc = ac_load_locked(st, warnings);
     ac_trace_locked(st, "read the environment; config", st->user_raw);
     return rc;
 }
 
 PyObject *
-ac_load_environ(ac_state *st)
+ac_load_environ(ac_state *st, unsigned reads, int generic)
 {
-    return ac_with_warnings(st, load_traced, NULL);
+    torch_reads t = {reads, generic};
+    return ac_with_warnings(st, load_traced, &t);
 }

@@ -212,13 +212,25 @@ status(PyObject *module, PyObject *Py_UNUSED(ignored))
 
 PyDoc_STRVAR(
     load_environ_doc,
-    "_load_environ()\n--\n\n"
-    "Read the environment; return the warnings to give, as a list of str.");
+    "_load_environ(torch=None, /)\n--\n\n"
+    "Read the environment, as the torch module given (already imported)\n"
+    "reads it, or as any torch may when None; return the warnings to\n"
+    "give, as a list of str.");
 
 static PyObject *
-load_environ(PyObject *module, PyObject *Py_UNUSED(ignored))
+load_environ(PyObject *module, PyObject *args)
 {
-    return ac_load_environ(get_state(module));
+    PyObject *torch = Py_None;
+    unsigned reads = 0;
+    int generic = 0;
+
+    if (!PyArg_ParseTuple(args, "|O:_load_environ", &torch)) {
+        return NULL;
+    }
+    if (torch != Py_None && ac_torch_reads(torch, &reads, &generic) < 0) {
+        return NULL;
+    }
+    return ac_load_environ(get_state(module), reads, generic);
 }
 
 PyDoc_STRVAR(
@@ -349,7 +361,7 @@ static PyMethodDef methods[] = {
     {"pidfd_probe", pidfd_probe, METH_NOARGS, pidfd_probe_doc},
     {"_pointer_ipc_capable", pointer_ipc_capable, METH_O,
      pointer_ipc_capable_doc},
-    {"_load_environ", load_environ, METH_NOARGS, load_environ_doc},
+    {"_load_environ", load_environ, METH_VARARGS, load_environ_doc},
     {"_attach", attach, METH_O, attach_doc},
     {"_live_config", live_config, METH_O, live_config_doc},
     {"_trace", trace, METH_O, trace_doc},

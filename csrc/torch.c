@@ -301,9 +301,10 @@ probe_clear(probe *p)
     Py_CLEAR(p->target);
 }
 
-/* Look torch over, by capability.  Runs torch's code: no lock. */
+/* Find torch's setter and its ROCm version: what says which variables it
+ * reads.  Runs torch's code: no lock. */
 static void
-probe_torch(PyObject *torch, probe *p)
+probe_api(PyObject *torch, probe *p)
 {
     static const struct {
         const char *path;
@@ -328,9 +329,36 @@ probe_torch(PyObject *torch, probe *p)
         }
         Py_XDECREF(f);
     }
+    p->hip = lookup(torch, "version.hip");
+}
+
+/* The variables a torch so probed reads (environ.c); *generic: it has the
+ * 2.10 setter. */
+static unsigned
+reads_of(const probe *p, int *generic)
+{
+    *generic = p->api != NULL && strcmp(p->api, GENERIC_SETTER) == 0;
+    return ac_env_reads(p->hip != NULL && PyUnicode_Check(p->hip), *generic);
+}
+
+int
+ac_torch_reads(PyObject *torch, unsigned *reads, int *generic)
+{
+    probe p = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+
+    probe_api(torch, &p);
+    *reads = reads_of(&p, generic);
+    probe_clear(&p);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Look torch over, by capability.  Runs torch's code: no lock. */
+static void
+probe_torch(PyObject *torch, probe *p)
+{
+    probe_api(torch, p);
     p->version = lookup(torch, "__version__");
     p->cuda = lookup(torch, "version.cuda");
-    p->hip = lookup(torch, "version.hip");
     p->live = ac_read_live(torch);
 }
 
@@ -408,7 +436,7 @@ static int
 attach_locked(ac_state *st, void *arg, PyObject *warnings)
 {
     probe *p = arg;
-    unsigned mask, reads;
+    unsigned mask, reads, before;
     int generic;
 
     if (st->attached) {
@@ -416,8 +444,10 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
     }
     /* Read what this torch reads: the variables differ by build and
      * version (environ.c). */
-    generic = p->api != NULL && strcmp(p->api, GENERIC_SETTER) == 0;
-    reads = ac_env_reads(p->hip != NULL && PyUnicode_Check(p->hip), generic);
+    reads = reads_of(p, &generic);
+    before = ac_env_reads_of(st);
+    st->reads = reads;
+    st->sticky_known = ac_sticky_known(generic);
     if (!st->configured) {
         /* The user may have changed the environment between
          * `import allocconf` and `import torch`: torch reads it later. */
@@ -428,17 +458,14 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
         }
         same = st->env_seen != NULL &&
                PyObject_RichCompareBool(snap, st->env_seen, Py_EQ) == 1 &&
-               ac_env_first(reads) == ac_env_first(ac_env_reads_of(st)) &&
+               ac_env_first(reads) == ac_env_first(before) &&
                ac_env_first(AC_READS_BACKEND(reads)) ==
-                   ac_env_first(AC_READS_BACKEND(ac_env_reads_of(st)));
+                   ac_env_first(AC_READS_BACKEND(before));
         Py_DECREF(snap);
-        st->reads = reads;
         if (!same && ac_load_locked(st, warnings) < 0) {
             return -1;
         }
     }
-    st->reads = reads;
-    st->sticky_known = ac_sticky_known(generic);
     if (ac_env_opt_out_locked(st) < 0) {
         return -1;
     }

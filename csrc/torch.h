@@ -25,6 +25,12 @@ int ac_write_as_is_locked(ac_state *st, PyObject *s, const char *why);
  * torch's code: call it without the lock. */
 PyObject *ac_read_live(PyObject *torch);
 
+/* The variables the torch module reads (ac_env_reads) in *reads, and in
+ * *generic whether it has the 2.10 setter; found as ac_attach finds them.
+ * Runs torch's code: call it without the lock.  0, or -1 with an
+ * exception set. */
+int ac_torch_reads(PyObject *torch, unsigned *reads, int *generic);
+
 /* Attach to the torch module: find the setter, read the live string,
  * write allocconf's configuration.  Returns a new list of warning texts,
  * or NULL with an exception set (nothing changed in that case). */

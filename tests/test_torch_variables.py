@@ -119,6 +119,65 @@ def test_report_names_what_torch_ignores():
         "ignored": {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64"}}
 
 
+def warned(torch_kwargs, env, after=False):
+    """The AllocConfWarnings `import allocconf` gives next to a stand-in
+    torch imported before it (or, `after`, installed only once allocconf
+    is imported), the calls torch received and the status."""
+    code = stand_in(**torch_kwargs).replace(
+        'sys.modules["torch"] = torch\nimport allocconf',
+        'import allocconf\nsys.modules["torch"] = torch\n'
+        'allocconf._on_torch(torch)' if after else
+        'sys.modules["torch"] = torch\nimport allocconf')
+    return run_json("""
+        import warnings
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            exec(CODE)
+        print(json.dumps({"warnings": [str(w.message) for w in seen],
+                          "calls": calls,
+                          "status": allocconf.status().as_dict()}))
+    """.replace("CODE", repr(code)), env=env)
+
+
+BAD_UNREAD = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:6\udcff4"}
+
+
+def test_a_malformed_variable_torch_does_not_read_is_no_warning():
+    # torch before 2.10, imported first: it never reads PYTORCH_ALLOC_CONF,
+    # so its bad bytes are advice, not a "writes nothing" warning.
+    out = warned(OLD, BAD_UNREAD)
+    assert out["warnings"] == []
+    assert out["calls"] == ["expandable_segments:True"]
+    assert out["status"]["advice"][0].startswith(
+        "PYTORCH_ALLOC_CONF is set ('max_split_size_mb:6\ufffd4') but torch "
+        "2.9.1+cu128 does not read it")
+
+
+def test_a_malformed_variable_torch_reads_still_warns():
+    out = warned(NEW, BAD_UNREAD)
+    assert out["calls"] == []
+    assert len(out["warnings"]) == 1
+    assert out["warnings"][0].startswith(
+        "allocconf: PYTORCH_ALLOC_CONF is malformed: ")
+    assert out["warnings"][0].endswith(
+        "allocconf writes nothing and leaves the allocator as torch will "
+        "read it")
+
+
+def test_before_torch_a_malformed_variable_torch_may_not_read():
+    # allocconf first: which variables torch reads is not known yet.  The
+    # warning says so, and the torch that comes (2.9.1) ignores the
+    # variable: allocconf writes after all.
+    out = warned(OLD, BAD_UNREAD, after=True)
+    assert len(out["warnings"]) == 1, out["warnings"]
+    assert "PYTORCH_ALLOC_CONF is malformed" in out["warnings"][0]
+    assert out["warnings"][0].endswith(
+        "allocconf writes nothing unless the torch imported does not read "
+        "PYTORCH_ALLOC_CONF (torch before 2.10 reads only "
+        "PYTORCH_CUDA_ALLOC_CONF)")
+    assert out["calls"] == ["expandable_segments:True"]
+
+
 def test_before_torch_every_variable_counts():
     # torch not imported yet: allocconf cannot tell which it will read.
     out = run_json("""

@@ -371,7 +371,11 @@ def _give(messages: List[str]) -> None:
 def _activate() -> List[str]:
     """Read the environment, then attach now or when torch is imported.
     Returns the warnings to give."""
-    messages: List[str] = _C._load_environ()
+    torch = sys.modules.get("torch")
+    if torch is not None and not hasattr(torch, "_C"):
+        torch = None  # still being imported: attach when it is done
+    # Read the environment as this torch reads it, where it is imported.
+    messages: List[str] = _C._load_environ(torch)
     from allocconf import _hook
 
     if _C._internals()["auto"]:
@@ -379,8 +383,7 @@ def _activate() -> List[str]:
         watch = _neighbours.missing()
         if watch:
             _hook.watch(watch, _on_neighbour)
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "_C"):
+    if torch is not None:
         return messages + _attach(torch)
     _hook.install(_on_torch)
     _C._trace("waiting for `import torch` (sys.meta_path hook installed)")
