@@ -105,8 +105,17 @@ def test_plan_refuses_a_bad_capacity_naming_it(capacity):
 # Packing and loading
 # ---------------------------------------------------------------------------
 
+@pytest.fixture(params=["foreach", "copy_"])
+def route(request, monkeypatch):
+    """Each test twice: small pieces (one _foreach_copy_ of bytes) and
+    every piece copied on its own (Tensor.copy_, typed when whole)."""
+    if request.param == "copy_":
+        monkeypatch.setattr(transfer._Copies, "BIG", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("capacity", [ALIGN, 1024, 1 << 20])
-def test_round_trip_is_bit_for_bit(capacity):
+def test_round_trip_is_bit_for_bit(capacity, route):
     sender, receiver, _ = pair(capacity)
     src = tensors()
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
@@ -116,7 +125,22 @@ def test_round_trip_is_bit_for_bit(capacity):
     assert [m.seq for m in msgs] == list(range(len(msgs)))
 
 
-def test_buffers_are_reused_across_syncs_and_opened_once():
+def test_tensors_at_odd_addresses_round_trip(route):
+    # Small pieces are copied as the widest integers that tile them: a
+    # tensor that starts at an odd byte, or whose size is odd, must still
+    # arrive whole.
+    base = torch.arange(64, dtype=torch.uint8)
+    src = {"odd": base[1:],                                   # odd address
+           "h": torch.arange(9, dtype=torch.float16)[1:],     # 2-aligned
+           "f": torch.arange(7, dtype=torch.float32)[1:],     # 4-aligned
+           "d": torch.arange(5, dtype=torch.float64),         # 8-aligned
+           "seven": torch.arange(7, dtype=torch.uint8)}
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    sync(*pair(1024)[:2], src, dst)
+    assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+def test_buffers_are_reused_across_syncs_and_opened_once(route):
     sender, receiver, log = pair(1024, buffers=2)
     for step in range(10):
         src = tensors(seed=step)
@@ -127,6 +151,64 @@ def test_buffers_are_reused_across_syncs_and_opened_once():
     assert len(sender.buffers) == 2
     assert sum(1 for op in log if op[0] == "open") == 2
     assert sender.pending == 0
+
+
+def test_a_changed_layout_is_never_served_a_stale_view(route):
+    # Typed views into the buffers are cached by offset, dtype and shape:
+    # the same bytes sent as another dtype or shape must not reuse them.
+    sender, receiver, _ = pair(1024)
+    g = torch.Generator().manual_seed(3)
+    for layout in [{"a": (torch.float32, (4, 4))},
+                   {"a": (torch.bfloat16, (32,))},
+                   {"a": (torch.float32, (2, 8))},
+                   {"b": (torch.int8, (64,)), "a": (torch.float32, (4, 4))},
+                   {"a": (torch.float32, (4, 4))}]:
+        src = {k: torch.randint(0, 256, (torch.Size(shape).numel()
+                                         * torch.empty((), dtype=d)
+                                         .element_size(),), generator=g,
+                                dtype=torch.uint8).view(d).reshape(shape)
+               for k, (d, shape) in layout.items()}
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        sync(sender, receiver, src, dst)
+        assert all(same_bits(src[k], dst[k]) for k in src), layout
+
+
+def test_a_repeated_sync_makes_no_new_views(route):
+    sender, receiver, _ = pair(1024)
+    src = tensors()
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    for _ in range(2):  # buckets take the buffers in turn: both layouts
+        sync(sender, receiver, src, dst)
+    made = (len(sender._views), len(receiver._views))
+    assert made[0] > 0 and made[1] > 0
+    for step in range(3):
+        src = tensors(seed=step + 1)  # new tensors, the same layout
+        sync(sender, receiver, src, dst)
+        assert all(same_bits(src[k], dst[k]) for k in src)
+    assert (len(sender._views), len(receiver._views)) == made
+
+
+def test_the_view_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(transfer._Copies, "LIMIT", 4)
+    sender, receiver, _ = pair(1 << 16)
+    for n in range(1, 12):
+        src = {f"t{i}": torch.full((n + i,), float(i)) for i in range(3)}
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        sync(sender, receiver, src, dst)
+        assert all(same_bits(src[k], dst[k]) for k in src), n
+        assert len(sender._views) <= 4 and len(receiver._views) <= 4
+
+
+def test_a_restarted_sender_is_not_taken_for_the_old_one():
+    # The receiver caches opened buffers by the sender's id: a trainer
+    # restarted in a new process must never present the same id.
+    code = ("import sys; sys.path.insert(0, 'tests');"
+            "from transfer_host import HostOps;"
+            "from allocconf.transfer import Sender;"
+            "import json; print(json.dumps(Sender(1024, _ops=HostOps()).id))")
+    ids = {run_json(code) for _ in range(2)}
+    ids.add(Sender(1024, _ops=HostOps()).id)
+    assert len(ids) == 3
 
 
 def test_views_are_zero_copy_until_released():
@@ -258,7 +340,7 @@ def test_a_name_that_is_not_a_str_is_refused():
         list(sender.send([(3, torch.zeros(2))]))
 
 
-def test_an_exception_mid_sync_leaves_both_sides_usable():
+def test_an_exception_mid_sync_leaves_both_sides_usable(route):
     sender, receiver, _ = pair(1024, buffers=3)
     dst = {f"t{i}": torch.zeros(200) for i in range(6)}
 
@@ -315,7 +397,7 @@ def test_no_cuda_is_a_clear_error():
         transfer.Sender(1024)
 
 
-def test_parameters_that_require_grad_go_both_ways():
+def test_parameters_that_require_grad_go_both_ways(route):
     sender, receiver, _ = pair(1 << 16)
     src = dict(torch.nn.Linear(8, 4).named_parameters())
     dst = dict(torch.nn.Linear(8, 4).named_parameters())

@@ -20,7 +20,8 @@ import this module.
 """
 from __future__ import annotations
 
-import itertools
+import functools
+import uuid
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, Sequence, Tuple, Union)
@@ -35,7 +36,6 @@ __all__ = ["Entry", "Message", "Ack", "Sender", "Receiver", "plan"]
 #: view and for vectorised copies.
 ALIGN = 256
 
-_ids = itertools.count(1)
 _cuda: Any = torch.cuda  # its Event is untyped
 
 
@@ -144,6 +144,7 @@ def plan(sizes: Iterable[Tuple[str, str, Tuple[int, ...], int]],
     return buckets
 
 
+@functools.lru_cache(maxsize=None)
 def _dtype(name: str) -> torch.dtype:
     d = getattr(torch, name, None)
     if not isinstance(d, torch.dtype):
@@ -151,6 +152,7 @@ def _dtype(name: str) -> torch.dtype:
     return d
 
 
+@functools.lru_cache(maxsize=None)
 def _dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
 
@@ -180,6 +182,75 @@ def _check(name: Any, t: Any, device: torch.device) -> None:
 
 def _piece(buf: torch.Tensor, e: Entry) -> torch.Tensor:
     return buf[e.offset:e.offset + e.nbytes]
+
+
+_WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
+
+
+def _wide(nbytes: int, address: int) -> torch.dtype:
+    """The widest integer dtype that tiles `nbytes` bytes at `address`."""
+    for width, dtype in _WIDE:
+        if nbytes % width == 0 and address % width == 0:
+            return dtype
+    return torch.uint8
+
+
+class _Copies:
+    """The copies of one bucket, bit for bit.  A piece of at least BIG
+    bytes is copied on its own with Tensor.copy_ (a device-to-device
+    memcpy, the fastest copy there is for it, but one launch each); the
+    smaller ones go in one _foreach_copy_ (one launch for many) as the
+    widest integers that tile them, never as their dtype: that kernel
+    rounds through float and would rewrite NaN payloads.  The buffer's
+    side of each copy is made once per (buffer, offset, bytes, dtype,
+    shape) and kept in `views`, so a repeated sync creates no tensor on
+    that side.  benchmarks/copy_methods.py measured the choices
+    (docs/benchmarks.md)."""
+
+    BIG = 32 << 20   # bytes: copy_ here is bound by the GPU, not its launch
+    LIMIT = 1 << 16  # cached views before the cache starts again
+
+    def __init__(self, views: Dict[Any, torch.Tensor]) -> None:
+        self.views = views
+        self.big: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self.small: Tuple[List[torch.Tensor], List[torch.Tensor]] = ([], [])
+
+    def add(self, key: Any, buf: torch.Tensor, e: Entry, t: torch.Tensor,
+            into_buffer: bool) -> None:
+        """Queue the copy of entry `e` of tensor `t` between `buf` (known
+        as `key`) and `t`: into the buffer, or out of it."""
+        if e.whole and e.nbytes >= self.BIG:  # typed: copy_ is a memcpy
+            dtype, mine = t.dtype, t
+        else:
+            raw = _as_bytes(t)
+            if not e.whole:
+                raw = raw[e.start:e.start + e.nbytes]
+            dtype = (torch.uint8 if e.nbytes >= self.BIG
+                     else _wide(e.nbytes, raw.data_ptr()))
+            mine = raw if dtype == torch.uint8 else raw.view(dtype)
+        k = (key, e.offset, e.nbytes, dtype, e.shape)
+        theirs = self.views.get(k)
+        if theirs is None:
+            if len(self.views) >= self.LIMIT:
+                self.views.clear()
+            theirs = _piece(buf, e).view(dtype)
+            if mine.dim() != 1:
+                theirs = theirs.view(e.shape)
+            self.views[k] = theirs
+        dst, src = (theirs, mine) if into_buffer else (mine, theirs)
+        if e.nbytes >= self.BIG:
+            self.big.append((dst, src))
+        else:
+            self.small[0].append(dst)
+            self.small[1].append(src)
+
+    def run(self) -> None:
+        with torch.no_grad():  # a model's parameters may require grad
+            for dst, src in self.big:
+                dst.copy_(src)
+            if self.small[0]:
+                torch._foreach_copy_(self.small[0], self.small[1])
+        self.big, self.small = [], ([], [])
 
 
 class _Cuda:
@@ -244,7 +315,10 @@ class Sender:
         _Layout(capacity)  # validates it
         self.capacity = capacity
         self._ops = _ops if _ops is not None else _Cuda(device)
-        self.id = f"{id(self):x}-{next(_ids)}"
+        # Unique across processes and restarts: a receiver caches the
+        # buffers it opened by this id, so a restarted trainer must not
+        # reuse one.
+        self.id = uuid.uuid4().hex
         self._buffers = [self._ops.alloc(capacity) for _ in range(buffers)]
         self._handles = [self._ops.share(b) for b in self._buffers]
         self._events = [self._ops.event() for _ in range(buffers)]
@@ -253,6 +327,7 @@ class Sender:
         self._after: Dict[int, bytes] = {}   # buffer -> receiver's event
         self._sync = 0
         self._next = 0
+        self._views: Dict[Any, torch.Tensor] = {}  # see _Copies
 
     @property
     def buffers(self) -> Sequence[torch.Tensor]:
@@ -312,31 +387,28 @@ class Sender:
         seq = 0
         buf: Optional[int] = None
         layout = _Layout(self.capacity)
-        dst: List[torch.Tensor] = []
-        src: List[torch.Tensor] = []
+        copies = _Copies(self._views)
         entries: List[Entry] = []
 
         def flush(last: bool) -> Message:
-            nonlocal buf, seq, dst, src, entries
+            nonlocal buf, seq, entries
             assert buf is not None
-            if dst:
-                with torch.no_grad():  # parameters may require grad
-                    torch._foreach_copy_(dst, src)
+            copies.run()
             ev, handle = self._events[buf]
             self._ops.record(ev)
             msg = Message(self.id, sync, seq, buf, tuple(entries), last,
                           self._handles[buf], handle, self._ops.device)
             self._pending[buf] = (sync, seq)
             seq += 1
-            buf, dst, src, entries = None, [], [], []
+            buf, entries = None, []
             return msg
 
         try:
             for name, t in items:
                 _check(name, t, self._ops.torch_device)
-                raw = _as_bytes(t)
                 for e in layout.place(name, _dtype_name(t.dtype),
-                                      tuple(t.shape), raw.numel()):
+                                      tuple(t.shape),
+                                      t.numel() * t.element_size()):
                     if e is None:
                         yield flush(False)
                         continue
@@ -344,8 +416,7 @@ class Sender:
                         buf = self._take(receive_ack)
                     entries.append(e)
                     if e.nbytes:
-                        dst.append(_piece(self._buffers[buf], e))
-                        src.append(raw[e.start:e.start + e.nbytes])
+                        copies.add(buf, self._buffers[buf], e, t, True)
             if buf is None:
                 buf = self._take(receive_ack)  # an empty sync still says so
             yield flush(True)
@@ -370,6 +441,7 @@ class Receiver:
         self._ops = _ops if _ops is not None else _Cuda(device)
         self._buffers: Dict[Tuple[str, int], torch.Tensor] = {}
         self._events: Dict[Tuple[str, int], Tuple[Any, bytes]] = {}
+        self._views: Dict[Any, torch.Tensor] = {}  # see _Copies
 
     def _buffer(self, msg: Message) -> torch.Tensor:
         key = (msg.sender, msg.buffer)
@@ -409,7 +481,9 @@ class Receiver:
         """Copy each tensor of `msg` into ``into[name]`` (same dtype, shape,
         contiguous; checked before anything is copied), and return the
         Ack."""
-        dst: List[torch.Tensor] = []
+        buf = self._buffer(msg)
+        key = (msg.sender, msg.buffer)
+        copies = _Copies(self._views)
         for e in msg.entries:
             t = into.get(e.name) if hasattr(into, "get") else None
             if t is None:
@@ -423,11 +497,7 @@ class Receiver:
                     f"{'' if t.is_contiguous() else ' (not contiguous)'}; "
                     f"the sender sent {e.dtype}{list(e.shape)}")
             if e.nbytes:
-                dst.append(_as_bytes(t)[e.start:e.start + e.nbytes])
-        buf = self._buffer(msg)
+                copies.add(key, buf, e, t, False)
         self._ops.wait(msg.event)
-        src = [_piece(buf, e) for e in msg.entries if e.nbytes]
-        if dst:
-            with torch.no_grad():  # a model's parameters may require grad
-                torch._foreach_copy_(dst, src)
+        copies.run()
         return self._ack(msg)
