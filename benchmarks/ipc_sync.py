@@ -1,40 +1,50 @@
 """Weight sync through CUDA IPC, trainer to engine: the trainer's weights
-live in expandable segments (import allocconf), a receiver process
-(spawn) rebuilds what it is sent and checks every element.
+live in expandable segments (import allocconf); a receiver process
+(spawn), the engine, copies what it is sent into its own weights, as an
+engine's load_weights does.
 
   direct      share each expandable tensor as it is (torch >= 2.5 maps
-              expandable segments through pidfd_getfd)
+              expandable segments through pidfd_getfd); the engine copies
+              out of the trainer's memory: one copy of the weights
   one-by-one  inside ipc_safe(): a classic copy of each tensor, each shared
   pack        inside ipc_safe(): one flat classic buffer, the weights
               copied in each sync, one tensor shared (the hand-made recipe)
-  transfer    allocconf.transfer: Sender with 2 buffers of 1 GiB, bucket
-              after bucket, the receiver reading zero-copy views and
+  transfer    allocconf.transfer: Sender with --buffers buffers of
+              --capacity MiB (2 of 1024 by default), bucket
+              after bucket; Receiver.load into the engine's weights,
               acknowledging each bucket
+  (the last three copy the weights twice: into classic memory, out of it)
 
-Weights: --model uniform (default: --gib GiB of bf16 in 512 tensors) or
+Weights: --model uniform (default: --gib GiB of bf16 in --count tensors,
+8 and 512 by default) or
 --model llama8b (the parameter shapes of an 8B Llama-style model built
 from its config: vocabulary 128256, hidden 4096, 32 layers, 8 KV heads,
 MLP 14336, untied head; bf16, about 15 GiB; no real weights).
 
 Each approach gets a fresh receiver.  A sync is timed from the sender's
-first copy until the receiver has rebuilt and checked everything; the
-receiver keeps the previous sync's tensors until the next arrives, as an
-inference engine keeps its weights.  Cold = the first sync (allocation
-and handle opening included); warm = the median of the next ones.  Extra
-memory = what the sender holds beyond its weights.  The physical
-reference is the device-to-device copy bandwidth, measured in the same
-run: each warm sync is also given as a multiple of the time that
-bandwidth needs for the bytes a sync must copy (the weights, once).
-Writes ipc_sync.json.
+first copy until the engine's weights all hold the new values (the
+receiver synchronised its device and answered).  After each sync, outside
+the timed part, the receiver compares every element and zeroes its
+weights, so the next sync must write them all again.  The receiver keeps
+the previous sync's shared tensors until the next arrives (torch keeps
+their mapping).  Cold = the first sync (allocation and handle opening
+included); warm = the median of the next ones.  Extra memory = what the
+sender holds beyond its weights.  The physical reference is the
+device-to-device copy bandwidth, measured in the same run: each warm sync
+is given as a multiple of the time that bandwidth needs to copy the
+weights once (the floor of any sync into the engine's memory), and of
+the time for the copies the approach makes.
+Writes ipc_sync_{model}[_nobody].json.
 
 With --as-nobody both processes run as user 65534 (no capabilities, and
 so not allowed pidfd_getfd on each other: what containers without ptrace
 permission see); an approach that fails there reports the receiver's
-error.  With --receiver-device N (two GPUs) the receiver copies every
-tensor onto its own GPU N before checking.
+error.  With --receiver-device N (two GPUs) the engine's weights are on
+its GPU N.
 
-Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--warm N]
-           [--model uniform|llama8b] [--only a,b] [--as-nobody]
+Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
+           [--warm N] [--model uniform|llama8b] [--only a,b]
+           [--capacity MIB] [--buffers N] [--as-nobody]
            [--receiver-device N]
 """
 from __future__ import annotations
@@ -74,7 +84,13 @@ WARM = arg("--warm", 5)
 MODEL = sarg("--model", "uniform")
 ONLY = sarg("--only", "direct,one-by-one,pack,transfer").split(",")
 NOBODY = "--as-nobody" in sys.argv
-COUNT = 512
+COUNT = arg("--count", 512)
+CAPACITY_MIB = arg("--capacity", 1024)
+BUFFERS = arg("--buffers", 2)
+#: Copies of the weights a sync makes on the GPU: direct copies out of
+#: the trainer's memory into the engine's; the others copy into classic
+#: memory first.
+COPIES = {"direct": 1, "one-by-one": 2, "pack": 2, "transfer": 2}
 
 
 def llama8b_shapes() -> List[Any]:
@@ -111,45 +127,51 @@ def drop_privileges() -> None:
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
 
 
-def receiver(inbox: Any, outbox: Any, device: int) -> None:
-    """Rebuild what arrives (copied onto `device` unless it is -1), check
-    every element, answer: True/False, or the error's text."""
+def receiver(shapes: List[Any], inbox: Any, outbox: Any,
+             device: int) -> None:
+    """The engine: its own weights (zeros at first), into which every
+    approach copies what it is sent, as an engine's load_weights does;
+    answers True once they are all in place.  ("check",) compares every
+    element (outside the timed sync) and zeroes the weights again, so the
+    next sync must write them all."""
     from allocconf.transfer import Receiver
 
     drop_privileges()
     torch.cuda.init()
-    outbox.put("ready")
+    dev = torch.device("cuda", device if device >= 0
+                       else torch.cuda.current_device())
+    engine = [torch.zeros(s, dtype=torch.bfloat16, device=dev)
+              for s in shapes]
+    into = {f"w{i}": t for i, t in enumerate(engine)}
+    numels = [t.numel() for t in engine]
     rx = Receiver()
-    bad = torch.zeros((), dtype=torch.bool, device="cuda")
-
-    def check(tensors: List[torch.Tensor], first: int) -> None:
-        nonlocal bad
-        if device >= 0:
-            tensors = [t.to(f"cuda:{device}") for t in tensors]
-        for i, t in enumerate(tensors, first):
-            bad |= (t != float(i % 200)).any().to(bad.device)
-
+    outbox.put("ready")
+    held = None  # the last sync's shared tensors: torch keeps their mapping
     while True:
-        # `msg` and `tensors` keep the last sync's tensors (and so torch's
-        # cached IPC mapping) alive until the next sync replaces them.
         try:
             msg = inbox.get()
             if msg is None:
                 return
-            kind, payload, sizes = msg
-            if kind == "bucket":  # allocconf.transfer
-                views = rx.views(payload)
-                check(list(views.values()), sizes)  # sizes: first index
-                outbox.put(rx.release(payload))
-                if payload.last:
-                    outbox.put(not bool(bad.item()))
-                    bad.zero_()
+            kind, payload = msg
+            if kind == "check":
+                bad = torch.zeros((), dtype=torch.bool, device=dev)
+                for i, t in enumerate(engine):
+                    bad |= (t != float(i % 200)).any()
+                outbox.put(not bool(bad.item()))
+                torch._foreach_zero_(engine)
                 continue
-            tensors = (list(payload.split(sizes)) if kind == "flat"
-                       else payload)
-            check(tensors, 0)
-            outbox.put(not bool(bad.item()))
-            bad.zero_()
+            if kind == "bucket":  # allocconf.transfer
+                outbox.put(rx.load(payload, into))
+                if not payload.last:
+                    continue
+            else:
+                held = payload
+                src = ([v.view(t.shape) for v, t in
+                        zip(payload.split(numels), engine)]
+                       if kind == "flat" else payload)
+                torch._foreach_copy_(engine, src)
+            torch.cuda.synchronize(dev)
+            outbox.put(True)
         except Exception as exc:  # e.g. pidfd_getfd refused
             outbox.put(f"{type(exc).__name__}: {exc}")
             return
@@ -172,40 +194,61 @@ def copy_bandwidth() -> float:
     return GiB / median(times[1:])
 
 
+def foreach_copy_ms(weights: List[torch.Tensor]) -> float:
+    """One _foreach_copy_ of the weights into a flat classic buffer (the
+    copy each staging approach makes on the sender), median of 5."""
+    with allocconf.ipc_safe():
+        flat = torch.empty(sum(w.numel() for w in weights),
+                           dtype=weights[0].dtype, device="cuda")
+    views = [v.view(w.shape) for v, w in
+             zip(flat.split([w.numel() for w in weights]), weights)]
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch._foreach_copy_(views, weights)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del flat, views
+    torch.cuda.empty_cache()
+    return median(times[1:]) * 1e3
+
+
 def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
              inbox: Any, outbox: Any) -> Any:
-    """Send the weights once; the receiver's answer."""
-    sizes = [w.numel() for w in weights]
+    """Send the weights once; the receiver's answer once they are all in
+    its own tensors."""
     if approach == "direct":
-        inbox.put(("list", weights, sizes))
+        inbox.put(("list", weights))
     elif approach == "pack":
         if "staging" not in state:
             with allocconf.ipc_safe():
-                state["staging"] = torch.empty(sum(sizes),
-                                               dtype=weights[0].dtype,
-                                               device="cuda")
-            state["views"] = list(state["staging"].split(sizes))
+                state["staging"] = torch.empty(
+                    sum(w.numel() for w in weights), dtype=weights[0].dtype,
+                    device="cuda")
+            state["views"] = [v.view(w.shape) for v, w in zip(
+                state["staging"].split([w.numel() for w in weights]),
+                weights)]
         torch._foreach_copy_(state["views"], weights)
         torch.cuda.synchronize()
-        inbox.put(("flat", state["staging"], sizes))
+        inbox.put(("flat", state["staging"]))
     elif approach == "one-by-one":
         if "staging" not in state:
             with allocconf.ipc_safe():
                 state["staging"] = [torch.empty_like(w) for w in weights]
         torch._foreach_copy_(state["staging"], weights)
         torch.cuda.synchronize()
-        inbox.put(("list", state["staging"], sizes))
+        inbox.put(("list", state["staging"]))
     else:
         from allocconf.transfer import Sender
         if "sender" not in state:
-            state["sender"] = Sender(GiB, buffers=2)
+            state["sender"] = Sender(CAPACITY_MIB << 20, buffers=BUFFERS)
         sender = state["sender"]
-        index = {f"w{i}": i for i in range(len(weights))}
         for msg in sender.send(((f"w{i}", w) for i, w in enumerate(weights)),
                                receive_ack=lambda: answer(outbox)):
-            inbox.put(("bucket", msg, index[msg.entries[0].name]))
+            inbox.put(("bucket", msg))
         sender.drain(lambda: answer(outbox))
-    return outbox.get(timeout=600)
+    return answer(outbox)
 
 
 def answer(outbox: Any) -> Any:
@@ -220,7 +263,8 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=receiver,
-                       args=(inbox, outbox, RECEIVER_DEVICE))
+                       args=([tuple(w.shape) for w in weights], inbox, outbox,
+                             RECEIVER_DEVICE))
     proc.start()
     assert outbox.get(timeout=300) == "ready"
     torch.cuda.synchronize()
@@ -232,9 +276,12 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         t0 = time.perf_counter()
         try:
             got = one_sync(approach, weights, state, inbox, outbox)
+            times.append(time.perf_counter() - t0)
+            inbox.put(("check", None))  # outside the timed sync
+            got = answer(outbox)
         except RuntimeError as exc:
             got = str(exc)
-        times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
         if got is not True:
             ok = got if isinstance(got, str) else False
             break
@@ -276,25 +323,32 @@ def main() -> None:
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     bw = copy_bandwidth()
     limit_ms = nbytes / bw * 1e3
+    foreach_ms = foreach_copy_ms(weights)
     print(f"{MODEL}: {len(weights)} bf16 tensors, {nbytes / GiB:.2f} GiB, "
           f"in expandable segments; uid {os.getuid()}; device copy "
-          f"{bw / 1e9:.0f} GB/s, so {limit_ms:.1f} ms to copy them once",
-          flush=True)
+          f"{bw / 1e9:.0f} GB/s, so {limit_ms:.1f} ms to copy them once "
+          f"(one _foreach_copy_ of them into a flat buffer: "
+          f"{foreach_ms:.1f} ms)", flush=True)
     results: Dict[str, Any] = {}
     for approach in ONLY:
         r = run(approach, weights)
+        r["copies"] = COPIES[approach]
         if r["warm_ms"] is not None:
             r["warm_over_copy_limit"] = r["warm_ms"] / limit_ms
+            r["warm_over_own_floor"] = r["warm_ms"] / (limit_ms
+                                                       * r["copies"])
         results[approach] = r
         warm = (f"warm {r['warm_ms']:8.1f} ms (median of {WARM}, "
-                f"{r['warm_over_copy_limit']:.2f}x the copy limit)"
+                f"{r['warm_over_copy_limit']:.2f}x one copy, "
+                f"{r['warm_over_own_floor']:.2f}x its {r['copies']})"
                 if r["warm_ms"] is not None else "no warm sync")
         print(f"{approach:<11} cold {r['cold_ms']:9.1f} ms, {warm}, extra "
               f"memory {r['extra_gib']:.2f} GiB, correct {r['correct']}, "
               f"shared memory classic-IPC capable "
               f"{r['shared_ipc_capable']}", flush=True)
     summary: Dict[str, Any] = {"copy_gbps": bw / 1e9,
-                               "copy_limit_ms": limit_ms}
+                               "copy_limit_ms": limit_ms,
+                               "foreach_copy_ms": foreach_ms}
     warm = {k: r["warm_ms"] for k, r in results.items()
             if r["warm_ms"] is not None and r["correct"] is True}
     if warm:
@@ -303,6 +357,7 @@ def main() -> None:
         summary["warm_ratio_direct_over_pack"] = warm["direct"] / warm["pack"]
     print(f"fastest warm: {summary.get('fastest_warm')}", flush=True)
     record = {"machine": machine(), "gib": nbytes / GiB, "model": MODEL,
+              "capacity_mib": CAPACITY_MIB, "buffers": BUFFERS,
               "as_nobody": NOBODY, "receiver_device": RECEIVER_DEVICE,
               "tensors": len(weights), "approaches": results,
               "summary": summary}
