@@ -36,6 +36,10 @@ weights once (the floor of any sync into the engine's memory), and of
 the time for the copies the approach makes.
 Writes ipc_sync_{model}[_nobody].json.
 
+--memcpy-from BYTES sets, in both processes, the size from which the
+transfer copies a tensor with its own memcpy rather than in the bucket's
+one _foreach_copy_ (allocconf.transfer._Copies.BIG), to study it.
+
 With --as-nobody both processes run as user 65534 (no capabilities, and
 so not allowed pidfd_getfd on each other: what containers without ptrace
 permission see); an approach that fails there reports the receiver's
@@ -44,7 +48,8 @@ its GPU N.
 
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
            [--warm N] [--model uniform|llama8b] [--only a,b]
-           [--capacity MIB] [--buffers N] [--as-nobody]
+           [--capacity MIB] [--buffers N] [--memcpy-from BYTES]
+           [--as-nobody]
            [--receiver-device N]
 """
 from __future__ import annotations
@@ -87,6 +92,10 @@ NOBODY = "--as-nobody" in sys.argv
 COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
+MEMCPY_FROM = arg("--memcpy-from", -1)
+if MEMCPY_FROM >= 0:  # the threshold study; runs in the receiver too
+    from allocconf import transfer as _transfer
+    _transfer._Copies.BIG = MEMCPY_FROM
 #: Copies of the weights a sync makes on the GPU: direct copies out of
 #: the trainer's memory into the engine's; the others copy into classic
 #: memory first.
@@ -310,6 +319,11 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     return result
 
 
+def _memcpy_from() -> int:
+    from allocconf import transfer
+    return int(transfer._Copies.BIG)
+
+
 def main() -> None:
     drop_privileges()
     assert allocconf.status().expandable_segments is True
@@ -358,6 +372,7 @@ def main() -> None:
     print(f"fastest warm: {summary.get('fastest_warm')}", flush=True)
     record = {"machine": machine(), "gib": nbytes / GiB, "model": MODEL,
               "capacity_mib": CAPACITY_MIB, "buffers": BUFFERS,
+              "memcpy_from": _memcpy_from(),
               "as_nobody": NOBODY, "receiver_device": RECEIVER_DEVICE,
               "tensors": len(weights), "approaches": results,
               "summary": summary}
