@@ -26,6 +26,21 @@ def per_call(fn: Callable[[], None], n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def cuda_median(fn: Callable[[], object], runs: int = 5) -> float:
+    """Median seconds of `runs` calls of fn on the GPU, each between two
+    device synchronisations, after one warm-up call."""
+    import torch
+
+    times = []
+    for _ in range(runs + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return median(times[1:])
+
+
 def interleaved(cases: Dict[str, Callable[[], None]], n: int,
                 rounds: int) -> Dict[str, float]:
     """Median seconds per call of each case, the cases measured in turn in

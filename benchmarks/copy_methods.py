@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,22 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import allocconf  # noqa: E402  (the weights in expandable segments)
 import torch  # noqa: E402
 
-from common import machine, median, out_dir_arg, save  # noqa: E402
+from common import cuda_median, machine, out_dir_arg, save  # noqa: E402
 from ipc_sync import llama8b_shapes  # noqa: E402
 
 GiB = 1 << 30
 SPLITS = [4 << 20, 16 << 20, 32 << 20, 64 << 20]
-
-
-def timed(fn: Callable[[], None]) -> float:
-    times = []
-    for _ in range(6):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return median(times[1:])
 
 
 def methods(src: List[torch.Tensor], dst: List[torch.Tensor],
@@ -105,7 +93,7 @@ def main() -> None:
             flat.zero_()
             fn()
             assert torch.equal(flat, whole), name  # it copied everything
-            s = timed(fn)
+            s = cuda_median(fn)
             figures[name] = {"ms": s * 1e3, "gbps": nbytes / s / 1e9}
             print(f"{model:<8} {len(src):4d} tensors {nbytes / GiB:5.2f} GiB "
                   f"{name:<14} {s * 1e3:7.2f} ms {nbytes / s / 1e9:7.0f} GB/s",

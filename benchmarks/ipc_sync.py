@@ -66,7 +66,8 @@ import allocconf  # noqa: E402  (expandable segments on, as in training)
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from common import machine, median, out_dir_arg, save  # noqa: E402
+from common import (cuda_median, machine, median, out_dir_arg,  # noqa: E402
+                    save)
 
 GiB = 1 << 30
 
@@ -191,16 +192,10 @@ def copy_bandwidth() -> float:
     10 copies of 1 GiB)."""
     src = torch.empty(GiB, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(11):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    seconds = cuda_median(lambda d=dst, s=src: d.copy_(s), runs=10)
     del src, dst
     torch.cuda.empty_cache()
-    return GiB / median(times[1:])
+    return GiB / seconds
 
 
 def foreach_copy_ms(weights: List[torch.Tensor]) -> float:
@@ -211,16 +206,11 @@ def foreach_copy_ms(weights: List[torch.Tensor]) -> float:
                            dtype=weights[0].dtype, device="cuda")
     views = [v.view(w.shape) for v, w in
              zip(flat.split([w.numel() for w in weights]), weights)]
-    times = []
-    for _ in range(6):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        torch._foreach_copy_(views, weights)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    seconds = cuda_median(
+        lambda v=views: torch._foreach_copy_(v, weights))
     del flat, views
     torch.cuda.empty_cache()
-    return median(times[1:]) * 1e3
+    return seconds * 1e3
 
 
 def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],

@@ -28,9 +28,9 @@ def svg(records: List[Dict[str, Any]]) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + WIDTH + 150}"'
            f' height="{height}" font-family="sans-serif" font-size="12">',
            '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="8" y="20" font-weight="bold">warm sync, ms (median; '
-           f'in brackets, over one copy of the weights); dashed: one copy, '
-           f'dotted: two</text>']
+           '<text x="8" y="20" font-weight="bold">warm sync, ms (median; '
+           'in brackets, over one copy of the weights); dashed: one copy, '
+           'dotted: two</text>']
     y = 40
     for r in records:
         limit = r["summary"]["copy_limit_ms"]

@@ -231,12 +231,11 @@ def main() -> None:
     for png in ("window_cost.png", "fragmentation.png"):
         if os.path.exists(os.path.join(raw, png)):
             shutil.copy(os.path.join(raw, png), os.path.join(out, png))
-    plotted = [os.path.join(raw, f"{n}.json") for n in IPC_SYNC[:2]]
-    plotted = [f for f in plotted if os.path.exists(f)]
+    plotted = [r for r in (load(raw, n) for n in IPC_SYNC[:2]) if r]
     if plotted:
         from plot_ipc_sync import svg
         with open(os.path.join(out, "ipc_sync.svg"), "w") as fh:
-            fh.write(svg([json.load(open(f)) for f in plotted]))
+            fh.write(svg(plotted))
     shutil.rmtree(raw, ignore_errors=True)
     print(f"wrote {os.path.join(out, 'benchmarks.md')} and results.json")
 
