@@ -219,14 +219,15 @@ class _Copies:
             into_buffer: bool) -> None:
         """Queue the copy of entry `e` of tensor `t` between `buf` (known
         as `key`) and `t`: into the buffer, or out of it."""
-        if e.whole and e.nbytes >= self.BIG:  # typed: copy_ is a memcpy
+        big = e.nbytes >= self.BIG
+        typed = big and e.whole  # copied as itself: copy_ is a memcpy
+        if typed:
             dtype, mine = t.dtype, t
         else:
             raw = _as_bytes(t)
             if not e.whole:
                 raw = raw[e.start:e.start + e.nbytes]
-            dtype = (torch.uint8 if e.nbytes >= self.BIG
-                     else _wide(e.nbytes, raw.data_ptr()))
+            dtype = torch.uint8 if big else _wide(e.nbytes, raw.data_ptr())
             mine = raw if dtype == torch.uint8 else raw.view(dtype)
         k = (key, e.offset, e.nbytes, dtype, e.shape)
         theirs = self.views.get(k)
@@ -234,11 +235,11 @@ class _Copies:
             if len(self.views) >= self.LIMIT:
                 self.views.clear()
             theirs = _piece(buf, e).view(dtype)
-            if mine.dim() != 1:
+            if typed:
                 theirs = theirs.view(e.shape)
             self.views[k] = theirs
         dst, src = (theirs, mine) if into_buffer else (mine, theirs)
-        if e.nbytes >= self.BIG:
+        if big:
             self.big.append((dst, src))
         else:
             self.small[0].append(dst)
