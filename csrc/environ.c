@@ -201,7 +201,7 @@ parse_variable(const char *name, const char *value, int known, ac_conf *parsed,
             "allocconf: %s is malformed: %U; allocconf writes nothing unless "
             "the torch imported does not read %s (torch before 2.10 %s)",
             name, *detail, name,
-            strcmp(name, "PYTORCH_HIP_ALLOC_CONF") == 0
+            strcmp(name, ac_env_vars[1]) == 0
                 ? "reads it only on ROCm builds"
                 : "reads only PYTORCH_CUDA_ALLOC_CONF");
     }
@@ -317,6 +317,13 @@ error:
     return -1;
 }
 
+void
+ac_env_set_reads_locked(ac_state *st, unsigned reads, int generic)
+{
+    st->reads = reads;
+    st->sticky_known = ac_sticky_known(generic);
+}
+
 typedef struct {
     unsigned reads; /* 0: not known */
     int generic;
@@ -329,8 +336,7 @@ load_traced(ac_state *st, void *arg, PyObject *warnings)
     int rc;
 
     if (t->reads != 0) {
-        st->reads = t->reads;
-        st->sticky_known = ac_sticky_known(t->generic);
+        ac_env_set_reads_locked(st, t->reads, t->generic);
     }
     rc = ac_load_locked(st, warnings);
     ac_trace_locked(st, "read the environment; config", st->user_raw);

@@ -46,6 +46,10 @@ PyObject *ac_env_snapshot(void);
  * in the list `warnings`, never exceptions. */
 int ac_load_locked(ac_state *st, PyObject *warnings);
 
+/* Take what the imported torch reads (ac_env_reads; `generic`: it has the
+ * 2.10 setter), and so which sticky keys it knows.  Lock held. */
+void ac_env_set_reads_locked(ac_state *st, unsigned reads, int generic);
+
 /* ac_load_locked under the lock, for a torch already imported that reads
  * `reads` (ac_env_reads; `generic`: it has the 2.10 setter), or for one
  * not imported yet when `reads` is 0.  A new list of warning texts, or

@@ -446,8 +446,7 @@ attach_locked(ac_state *st, void *arg, PyObject *warnings)
      * version (environ.c). */
     reads = reads_of(p, &generic);
     before = ac_env_reads_of(st);
-    st->reads = reads;
-    st->sticky_known = ac_sticky_known(generic);
+    ac_env_set_reads_locked(st, reads, generic);
     if (!st->configured) {
         /* The user may have changed the environment between
          * `import allocconf` and `import torch`: torch reads it later. */
