@@ -178,6 +178,31 @@ def test_before_torch_a_malformed_variable_torch_may_not_read():
     assert out["calls"] == ["expandable_segments:True"]
 
 
+def test_a_torch_imported_first_whose_attributes_raise():
+    # Reading the environment as the imported torch reads it asks torch
+    # for its setter and ROCm version, and attaching wraps its setters:
+    # attributes that raise mean "not there" (a torch before 2.10, CUDA
+    # variable only), never an error out of `import allocconf`.
+    out = run_json("""
+        import types
+        class Hostile(types.SimpleNamespace):
+            def __getattr__(self, name):
+                raise RuntimeError("no " + name)
+        class HostileModule(types.ModuleType):
+            def __getattr__(self, name):
+                raise RuntimeError("no " + name)
+        torch = HostileModule("torch")
+        torch._C = Hostile()
+        sys.modules["torch"] = torch
+        import allocconf
+        print(json.dumps([allocconf._C._internals()["reads"],
+                          allocconf.status().api,
+                          [w for w in allocconf.status().warnings
+                           if "activation failed" in w]]))
+    """, env={"PYTORCH_ALLOC_CONF": "max_split_size_mb:6\udcff4"})
+    assert out == [["PYTORCH_CUDA_ALLOC_CONF"], None, []]
+
+
 def test_before_torch_every_variable_counts():
     # torch not imported yet: allocconf cannot tell which it will read.
     out = run_json("""

@@ -117,6 +117,16 @@ def _keeping(original: Callable[..., Any], api: str) -> Callable[..., Any]:
     return setter
 
 
+def _attr(obj: Any, name: str) -> Any:
+    """getattr(obj, name), None where it is missing or raises: as the C
+    side looks torch over (csrc/torch.c lookup), so a torch whose lazy
+    attributes fail is taken as one without them, not as an error."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 def wrap_setters(torch: ModuleType) -> List[str]:
     """Replace each of torch's setters that exists with one that keeps
     the user's keys; return the names wrapped."""
@@ -125,8 +135,8 @@ def wrap_setters(torch: ModuleType) -> List[str]:
         owner_path, _, attr = path.rpartition(".")
         owner: Any = torch
         for part in owner_path.split("."):
-            owner = getattr(owner, part, None)
-        original = getattr(owner, attr, None)
+            owner = _attr(owner, part)
+        original = _attr(owner, attr)
         if not callable(original) or getattr(original, "_allocconf_keeps",
                                              False):
             continue
