@@ -15,10 +15,10 @@ import sys
 
 from setuptools import Extension, setup
 
-SOURCES = ["csrc/module.c", "csrc/conf.c", "csrc/edit.c", "csrc/keys.c",
-           "csrc/state.c", "csrc/errors.c", "csrc/environ.c", "csrc/torch.c",
-           "csrc/config.c", "csrc/overrides.c", "csrc/window.c",
-           "csrc/status.c", "csrc/cuda.c", "csrc/neighbours.c"]
+# Every C file of csrc/, layer by layer (docs/design.md, "Layers").
+LAYERS = ("grammar", "driver", "state", "torchio", "api")
+SOURCES = [f for layer in LAYERS
+           for f in sorted(glob.glob(f"csrc/{layer}/*.c"))] + ["csrc/module.c"]
 
 
 def _flags():
@@ -47,7 +47,8 @@ setup(
         Extension(
             "allocconf._C",
             sources=SOURCES,
-            depends=sorted(glob.glob("csrc/*.h")),
+            depends=sorted(glob.glob("csrc/**/*.h", recursive=True)),
+            include_dirs=["csrc"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
             libraries=["dl"] if sys.platform.startswith("linux") else [],

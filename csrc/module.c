@@ -1,20 +1,23 @@
 /*
  * module.c -- allocconf._C, the binding only: the method table, argument
- * parsing and PEP 489 multi-phase init.  Each job has its own room (see
- * docs/design.md): conf.c and keys.c the grammar, state.c the state and
- * its lock, environ.c the environment, torch.c torch's setter and getter,
- * config.c the strings written, overrides.c keyword values, window.c the
- * windows, status.c status(), errors.c AllocConfError, cuda.c the driver.
+ * parsing and PEP 489 multi-phase init.  It is the top of the layers of
+ * csrc/ (docs/design.md, "Layers"), each using only those below it:
+ *
+ *   grammar/  the configuration grammar, plain C (fuzzed)     driver/
+ *   state/    the state, its lock, and its pure transitions   the CUDA
+ *   torchio/  writing to torch and reading it back            driver
+ *   api/      windows, configure() and foreign writes,
+ *             neighbours, status()
  */
-#include "config.h"
-#include "cuda.h"
-#include "environ.h"
-#include "errors.h"
-#include "neighbours.h"
-#include "overrides.h"
-#include "status.h"
-#include "torch.h"
-#include "window.h"
+#include "api/neighbours.h"
+#include "api/status.h"
+#include "api/window.h"
+#include "api/writes.h"
+#include "driver/cuda.h"
+#include "state/environ.h"
+#include "state/errors.h"
+#include "state/overrides.h"
+#include "torchio/torch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +193,17 @@ foreign_write(PyObject *module, PyObject *args)
     return ac_foreign_write(get_state(module), writer, conf);
 }
 
+PyDoc_STRVAR(export_base_doc,
+             "_export_base()\n--\n\n"
+             "With ALLOCCONF_EXPORT=1 and torch attached, the configuration "
+             "torch\nholds outside windows; else None.");
+
+static PyObject *
+export_base(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return ac_export_base(get_state(module));
+}
+
 PyDoc_STRVAR(internals_doc,
              "_internals()\n--\n\n"
              "allocconf's switches and the strings child_env() needs, as a "
@@ -280,7 +294,8 @@ trace(PyObject *module, PyObject *msg)
 PyDoc_STRVAR(after_fork_doc,
              "_after_fork()\n--\n\n"
              "Registered with os.register_at_fork(after_in_child=...) at "
-             "import:\na free lock, and only the forking thread's windows.");
+             "import:\nin a child, a free lock and only the forking "
+             "thread's windows;\nin the process that forked, nothing.");
 
 static PyObject *
 after_fork(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -369,6 +384,7 @@ static PyMethodDef methods[] = {
     {"_neighbour", neighbour, METH_VARARGS, neighbour_doc},
     {"_foreign_write", foreign_write, METH_VARARGS, foreign_write_doc},
     {"_internals", internals, METH_NOARGS, internals_doc},
+    {"_export_base", export_base, METH_NOARGS, export_base_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -384,33 +400,42 @@ PyDoc_STRVAR(
     "torch was imported); the allocator was left as it was.");
 
 /* os.register_at_fork(after_in_child=module._after_fork), once: the
- * module is never executed twice in a process (state.c).  0 or -1. */
+ * module is never executed twice in a process (state.c).  Where os has
+ * no register_at_fork (some platforms and embedded interpreters),
+ * st->at_fork stays 0 and the package warns.  0 or -1. */
 static int
-register_at_fork(PyObject *m)
+register_at_fork(PyObject *m, ac_state *st)
 {
     PyObject *os = PyImport_ImportModule("os"), *reg = NULL, *fn = NULL;
     PyObject *args = NULL, *kwargs = NULL, *r = NULL;
+    int rc = -1;
 
     if (os == NULL) {
         return -1;
     }
-    reg = PyObject_GetAttrString(os, "register_at_fork");
-    fn = PyObject_GetAttrString(m, "_after_fork");
-    args = PyTuple_New(0);
-    kwargs = fn == NULL ? NULL : Py_BuildValue("{sO}", "after_in_child", fn);
-    if (reg != NULL && args != NULL && kwargs != NULL) {
-        r = PyObject_Call(reg, args, kwargs);
+    if (PyObject_GetOptionalAttrString(os, "register_at_fork", &reg) < 0) {
+        goto done;
     }
+    if (reg == NULL) {
+        rc = 0; /* nothing to register with */
+        goto done;
+    }
+    fn = PyObject_GetAttrString(m, "_after_fork");
+    args = fn == NULL ? NULL : PyTuple_New(0);
+    kwargs = args == NULL ? NULL : Py_BuildValue("{sO}", "after_in_child", fn);
+    r = kwargs == NULL ? NULL : PyObject_Call(reg, args, kwargs);
+    if (r != NULL) {
+        st->at_fork = 1;
+        rc = 0;
+    }
+done:
     Py_DECREF(os);
     Py_XDECREF(reg);
     Py_XDECREF(fn);
     Py_XDECREF(args);
     Py_XDECREF(kwargs);
-    if (r == NULL) {
-        return -1;
-    }
-    Py_DECREF(r);
-    return 0;
+    Py_XDECREF(r);
+    return rc;
 }
 
 static int
@@ -450,7 +475,7 @@ module_exec(PyObject *m)
         PyModule_AddObjectRef(m, "AllocConfWarning", st->warning_type) < 0) {
         return -1;
     }
-    return register_at_fork(m);
+    return register_at_fork(m, st);
 }
 
 static int

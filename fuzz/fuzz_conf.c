@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conf.h"
+#include "grammar/conf.h"
 
 static const char *const KEYS[] = {
     "expandable_segments",

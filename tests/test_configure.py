@@ -2,10 +2,10 @@
 bad input."""
 import pytest
 
-from support import run_json, skip_if_torch_dies
+from helpers import run_json, skip_if_torch_dies
 
 CONFIGURE = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 import allocconf, torch
 {body}
 print(json.dumps({{"calls": recorder.CALLS, "live": recorder.live(),
@@ -103,7 +103,7 @@ out = [out, allocconf.configure()]
 
 def test_configure_before_torch_is_written_when_torch_arrives():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf
         allocconf.configure(max_split_size_mb=256)
         import torch
@@ -141,7 +141,7 @@ def test_set_expandable_segments_keeps_every_other_key():
     # verl's one-liner writes "expandable_segments:False" alone, which
     # resets max_split_size_mb; the drop-in writes the full configuration.
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf, torch
         allocconf.set_expandable_segments(False)
         off = [recorder.live(), allocconf.status().expandable_segments]
@@ -163,7 +163,7 @@ def test_set_expandable_segments_keeps_every_other_key():
 
 def test_set_expandable_segments_inside_a_window_waits_for_it_to_close():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf, torch
         with allocconf.ipc_safe():
             allocconf.set_expandable_segments(True)

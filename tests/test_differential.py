@@ -1,8 +1,9 @@
 """allocconf's grammar against torch's own setter, string for string.
 
 A few thousand strings made of the 9 keys torch validates on a CPU build
-(facts §9), with numbers in every form std::stoull and std::stod read or
-refuse, booleans, lists and separators, go through allocconf.parse and
+(docs/design.md), with numbers in every form std::stoull and std::stod
+read or refuse, booleans, lists and separators, non-ASCII and control
+bytes, go through allocconf.parse and
 through torch's setter; every string one accepts and the other refuses is
 a failure.  torch's setter is stateful (it keeps large_segment_size_mb and
 checks max_split_size_mb against it), so before each string torch is
@@ -13,9 +14,9 @@ import random
 
 import pytest
 
-from support import run_json, torch_facts
+from helpers import run_json, torch_facts
 
-# The keys a CPU build of torch validates (facts §9), by the kind of value.
+# The keys a CPU build of torch validates, by the kind of value.
 INTEGER_KEYS = ("max_split_size_mb", "max_non_split_rounding_mb",
                 "large_segment_size_mb", "pinned_max_round_threshold_mb",
                 "pinned_max_cached_size_mb")
@@ -39,7 +40,8 @@ def integer(rng: random.Random) -> str:
     ])
     prefix = rng.choice(["", "", "", "+", "-", "0", "00", " "])
     suffix = rng.choice(["", "", "", ".", ".5", "e2", "abc", "x", "MB",
-                         " ", "-1"])
+                         " ", "-1", "\u00e9", "\x01", "\x7f", "\u00a0",
+                         "\x0b", "\u0664"])
     if rng.random() < 0.05:
         return rng.choice(["", "+", "-", "abc", "0x40", ".5", "e3", "+-1",
                            "- 5", "6 4"])
@@ -55,6 +57,7 @@ def fraction(rng: random.Random) -> str:
             "2.2250738585072014e-308", ".99999999999999999",
             "0.9999999999999999", "1", "1.0", "0", "0.", "4.", ".", "",
             "+", "0.5.5", "1e", "1e+", "0 .5", "e-1", "0x", "0x.8",
+            "0.5\u00e9", "0.5\x01", "\x010.5", "0\u00a0.5",
         ])
     value = rng.choice([rng.random(), rng.random() * 2 - 0.5,
                         10 ** -rng.randrange(0, 330)])
@@ -65,7 +68,8 @@ def fraction(rng: random.Random) -> str:
 
 def boolean(rng: random.Random) -> str:
     return rng.choice(["True", "False", "True", "False", "true", "false",
-                       "1", "0", "TRUE", "Tr ue", " False ", "", "None"])
+                       "1", "0", "TRUE", "Tr ue", " False ", "", "None",
+                       "True\u00e9", "\x07True", "Tr\x0bue", "False\x7f"])
 
 
 def roundup(rng: random.Random) -> str:

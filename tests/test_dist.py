@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import TESTS_DIR, child_env
+from helpers import TESTS_DIR, child_env
 
 USER = "garbage_collection_threshold:0.6"
 
@@ -24,7 +24,7 @@ def run_torchrun(tmp_path, order, backend, nproc=2, extra_env=None):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={nproc}",
-         os.path.join(TESTS_DIR, "dist_worker.py")],
+         os.path.join(TESTS_DIR, "helpers", "dist_worker.py")],
         capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text())

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-from support import run_script
+from helpers import run_script
 
 # allocconf 0.1.0 accepted this value and torch refused it inside the
 # hook; allocconf now refuses it too (at `import allocconf`), so the tests
 # of a refusal inside the hook have the recorder refuse the write instead.
 REFUSED = "garbage_collection_threshold:.99999999999999999"
 REFUSE_WRITE = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 recorder.REJECT.add("expandable_segments:True")
 """
 
@@ -88,7 +88,7 @@ def test_reload_after_torch_keeps_the_configuration():
     proc = run_script(
         """
         import importlib
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import torch, allocconf
         allocconf.configure(max_split_size_mb=64)
         importlib.reload(allocconf)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support import run_json, run_script, torch_facts
+from helpers import run_json, run_script, torch_facts
 
 
 def needs_getter():
@@ -84,32 +84,38 @@ def test_removing_a_reserve_key_torch_holds_is_refused_with_its_name():
 
 def test_after_torch_refuses_status_tells_what_it_holds_and_windows_work():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         recorder.REJECT.add("max_split_size_mb:64,expandable_segments:True")
         import warnings
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             import allocconf, torch
         st = allocconf.status()
+        live = recorder.live()
         with allocconf.ipc_safe():
             inside = allocconf.status().expandable_segments
         print(json.dumps({
             "warned": [str(w.message) for w in seen],
             "applied": st.applied, "es": st.expandable_segments,
             "config": st.config, "reason": st.reason, "inside": inside,
-            "calls": recorder.CALLS, "live": recorder.live()}))
+            "calls": recorder.CALLS, "live": live,
+            "after": recorder.live()}))
     """, env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
     assert len(out["warned"]) == 1 and "torch refused" in out["warned"][0]
     assert out["applied"] is False
     assert out["es"] is False                     # 0.1.0 said True
-    assert out["config"] == "max_split_size_mb:64"  # what torch holds
+    # torch was handed back what it held, with the default of the sticky
+    # key the refused string named (it may have taken it before refusing);
+    # status() says what torch holds, string for string.
+    assert out["calls"] == ["max_split_size_mb:64,expandable_segments:True",
+                            "expandable_segments:False,max_split_size_mb:64"]
+    assert out["config"] == out["live"] == (
+        "expandable_segments:False,max_split_size_mb:64")
     assert "refused" in out["reason"] and "turned on" not in out["reason"]
+    # The window builds on what torch holds (expandable segments already
+    # off there): nothing to write, and nothing changed after it.
     assert out["inside"] is False
-    # The window wrote on what torch holds and gave it back.
-    assert out["calls"][-2:] == [
-        "max_split_size_mb:64,expandable_segments:False",
-        "max_split_size_mb:64"]
-    assert out["live"] == "max_split_size_mb:64"
+    assert out["after"] == out["live"]
 
 
 # -- item 5: one state per process -------------------------------------------
@@ -149,21 +155,8 @@ def test_a_sub_interpreter_gets_no_second_state():
 # -- item 6: fork ------------------------------------------------------------
 
 FORK = """
-import os, threading, time, warnings
-def fork_and_report(child):
-    # 3.12+ warns about fork() with threads; the test means it.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:
-        signal_timeout = __import__("signal")
-        signal_timeout.alarm(10)  # a hang shows as a killed child
-        try:
-            os.write(1, (json.dumps(child()) + "\\n").encode())
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+import threading, time
+from helpers.harness import forked, slow_setter
 """
 
 
@@ -172,66 +165,56 @@ def test_child_forked_while_another_thread_holds_the_lock_does_not_hang():
     setter = torch_facts()["setter"]
     if setter is None:
         pytest.skip("this torch has no setter")
-    proc = run_script(FORK, f"SETTER = {setter!r}", """
+    out = run_json(FORK, """
         import torch
-        name = SETTER.rpartition(".")[2]
-        real = getattr(torch._C, name)
-        def slow(conf):
-            time.sleep(0.5)
-            return real(conf)
-        setattr(torch._C, name, slow)
+        slow_setter(torch, 0.5)
         import allocconf
         t = threading.Thread(
             target=lambda: allocconf.configure(max_split_size_mb=64))
         t.start()
         time.sleep(0.2)          # the thread is inside the setter now
         def child():
-            try:
-                return [allocconf.status().config,
-                        allocconf.status().window_depth]
-            except Exception as exc:
-                return repr(exc)
-        code = fork_and_report(child)
+            get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+            return [allocconf.status().config,
+                    allocconf.status().window_depth,
+                    get() if get else allocconf.status().config]
+        code, got = forked(child)
         t.join()
-        print(json.dumps(code))
+        print(json.dumps([code, got]))
     """, timeout=60)
-    lines = proc.stdout.strip().splitlines()
-    assert json.loads(lines[-1]) == 0
-    assert json.loads(lines[0]) == [
-        "max_split_size_mb:64,expandable_segments:True", 0]
+    code, got = out
+    assert code == 0
+    assert isinstance(got, list), got  # else the child's exception
+    config, depth, held = got
+    # The thread may have been half-way through its write: the child
+    # writes its configuration naming every sticky key, and says so.
+    assert (config, depth) == (
+        "large_segment_size_mb:20,max_split_size_mb:64,"
+        "expandable_segments:True" if torch_facts()["new_setter"] else
+        "max_split_size_mb:64,expandable_segments:True", 0)
+    assert held == config
 
 
 def test_child_forked_inside_another_threads_window_has_none_open():
-    proc = run_script(FORK, """
+    out = run_json(FORK, """
         import allocconf, torch
-        inside, release = threading.Event(), threading.Event()
-        def hold():
-            with allocconf.ipc_safe():
-                inside.set()
-                release.wait(30)
-        t = threading.Thread(target=hold)
-        t.start()
-        inside.wait(30)
+        from helpers.harness import Held
+        held = Held(False)
         def child():
-            try:
-                st = allocconf.status()
-                with allocconf.ipc_safe():
-                    pass         # and windows still work in the child
-                getter = getattr(torch._C,
-                                 "_accelerator_getAllocatorSettings", None)
-                return [st.window_depth, st.expandable_segments,
-                        getter() if getter else None]
-            except Exception as exc:
-                return repr(exc)
-        code = fork_and_report(child)
+            st = allocconf.status()
+            with allocconf.ipc_safe():
+                pass         # and windows still work in the child
+            getter = getattr(torch._C,
+                             "_accelerator_getAllocatorSettings", None)
+            return [st.window_depth, st.expandable_segments,
+                    getter() if getter else None]
+        code, child = forked(child)
         parent = allocconf.status().window_depth
-        release.set()
-        t.join()
-        print(json.dumps([code, parent]))
+        held.release()
+        print(json.dumps([code, parent, child]))
     """, timeout=60)
-    lines = proc.stdout.strip().splitlines()
-    assert json.loads(lines[-1]) == [0, 1]
-    child = json.loads(lines[0])
+    code, parent, child = out
+    assert [code, parent] == [0, 1]
     assert isinstance(child, list), child  # else the child's exception
     depth, es, live = child
     assert (depth, es) == (0, True)
@@ -359,11 +342,14 @@ def test_exception_thrown_into_a_decorated_generator_closes_the_window():
 
 
 def test_bad_override_key_name_points_at_the_key():
+    # Any word is a key, as in torch ("bad-key" included); a keyword that
+    # is no single word would change the string's meaning.
     out = run_json("""
         import allocconf
         try:
-            allocconf.merge("", **{"bad-key": 1})
+            allocconf.merge("", **{"bad key,x": 1})
         except allocconf.AllocConfError as exc:
-            print(json.dumps([exc.key, exc.offset, exc.conf]))
+            print(json.dumps([exc.key, exc.offset, exc.conf,
+                              allocconf.merge("", **{"bad-key": 1})]))
     """)
-    assert out == ["bad-key", 0, "bad-key:1"]
+    assert out == ["bad key,x", 0, "bad key,x:1", "bad-key:1"]

@@ -5,25 +5,26 @@ import json
 
 import pytest
 
-from support import (recorded_import, run_json, skip_if_torch_dies,
+from helpers import (recorded_import, run_json, skip_if_torch_dies,
                      torch_facts)
 
 # Print what happened: the setter calls, status(), and torch's live string.
 REPORT = """
-import allocconf, recorder
+import allocconf
+from helpers import recorder
 print(json.dumps({"calls": recorder.CALLS,
                   "status": allocconf.status().as_dict(),
                   "live": recorder.live()}))
 """
 
 ALLOCCONF_FIRST = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 import allocconf
 import torch
 """ + REPORT
 
 TORCH_FIRST = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 import torch
 import allocconf
 """ + REPORT
@@ -88,7 +89,7 @@ def test_only_the_first_set_variable_counts_as_in_torch():
                     "the live string before CUDA starts (no getter)")
 def test_torch_first_after_user_called_the_setter():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import torch
         torch._C._accelerator_setAllocatorSettings("max_split_size_mb:128")
         import allocconf
@@ -146,7 +147,7 @@ def test_unknown_allocconf_auto_value_warns_and_stays_on():
 
 
 MALFORMED = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 {first}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -185,7 +186,7 @@ def test_non_utf8_bytes_in_the_variable_warn_with_offset():
     skip_if_torch_dies(env)
     out = run_json(recorded_import(), env=env)
     assert len(out["warnings"]) == 1
-    assert "offset 19: byte 0xff is not printable ASCII" in out["warnings"][0]
+    assert "offset 19: byte 0xff is not UTF-8" in out["warnings"][0]
     assert out["calls"] == []
 
 
@@ -204,7 +205,7 @@ def test_cuda_malloc_async_backend_means_no_write(script):
 
 def test_windows_do_not_write_with_cuda_malloc_async():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf, torch
         with allocconf.ipc_safe():
             depth = allocconf.status().window_depth
@@ -221,7 +222,8 @@ def test_backend_native_is_never_written():
 
 def test_environment_changed_before_torch_import_is_honoured():
     out = run_json("""
-        import os, recorder; recorder.install()
+        import os
+        from helpers import recorder; recorder.install()
         import allocconf
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:96"
         import torch
@@ -232,7 +234,8 @@ def test_environment_changed_before_torch_import_is_honoured():
 
 def test_hook_fires_once_through_import_module_and_removes_itself():
     out = run_json("""
-        import importlib, recorder; recorder.install()
+        import importlib
+        from helpers import recorder; recorder.install()
         import allocconf
         from allocconf import _hook
         before = [type(f).__name__ for f in sys.meta_path]
@@ -249,7 +252,8 @@ def test_hook_fires_once_through_import_module_and_removes_itself():
 
 def test_hook_fires_when_torch_is_imported_in_another_thread():
     out = run_json("""
-        import threading, recorder; recorder.install()
+        import threading
+        from helpers import recorder; recorder.install()
         import allocconf
         t = threading.Thread(target=lambda: __import__("torch"))
         t.start(); t.join()
@@ -260,7 +264,7 @@ def test_hook_fires_when_torch_is_imported_in_another_thread():
 
 def test_failed_torch_import_keeps_the_hook_for_the_next_attempt():
     out = run_json("""
-        import recorder
+        from helpers import recorder
         import allocconf
         from allocconf import _hook
 
@@ -290,7 +294,7 @@ def test_failed_torch_import_keeps_the_hook_for_the_next_attempt():
 
 
 def test_debug_traces_writes_and_hook_events_to_stderr():
-    from support import run_script
+    from helpers import run_script
 
     proc = run_script("import allocconf, torch",
                       env={"ALLOCCONF_DEBUG": "1"})
@@ -312,7 +316,7 @@ def test_debug_traces_writes_and_hook_events_to_stderr():
 ])
 def test_max_split_size_with_expandable_segments_is_advised_against(
         env, advised):
-    from support import run_script
+    from helpers import run_script
 
     proc = run_script("""
         import allocconf, torch

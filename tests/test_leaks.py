@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 # Under tools/sanitized-tests.sh malloc is AddressSanitizer's, which
 # glibc's mallinfo2() does not see: these measurements would be empty.
@@ -16,7 +16,7 @@ LOOP = """
 import gc, sys, tracemalloc
 import allocconf, torch
 from allocconf import _C
-from heap import in_use as heap
+from helpers.heap import in_use as heap
 
 CONF = "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:8],x:[a:b]"
 # What configure() writes must be accepted by every torch (2.1-2.9 refuse
@@ -112,7 +112,7 @@ def test_pidfd_probe_does_not_leak_descriptors():
 def test_the_leak_check_can_fail(planted):
     # The same measurement sees a planted C leak of `planted` bytes a call.
     out = run_json(f"""
-        from heap import in_use, leak
+        from helpers.heap import in_use, leak
         before = in_use()
         for _ in range(100_000):
             leak({planted})

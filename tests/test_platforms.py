@@ -4,33 +4,8 @@ module that carries only what allocconf reads (torch.version.*, the setter
 in torch._C): the decision is tested, no GPU is pretended."""
 import pytest
 
-from support import run_json
-
-def stand_in(version, cuda=None, hip=None,
-             setter="_accelerator_setAllocatorSettings", call="calls.append"):
-    """Child-script text: a stand-in `torch` with `setter` (calling `call`,
-    which records into `calls` by default), then `import allocconf`."""
-    return f"""
-import types
-calls = []
-torch = types.ModuleType("torch")
-torch.__version__ = {version!r}
-torch.version = types.SimpleNamespace(cuda={cuda!r}, hip={hip!r})
-torch._C = types.SimpleNamespace()
-if {setter!r}:
-    setattr(torch._C, {setter!r}, {call})
-sys.modules["torch"] = torch
-import allocconf
-"""
-
-
-def decide(version, cuda=None, hip=None,
-           setter="_accelerator_setAllocatorSettings", env=None):
-    return run_json(stand_in(version, cuda, hip, setter), """
-        print(json.dumps({"calls": calls,
-                          "status": allocconf.status().as_dict()}))
-    """, env=env)
-
+from helpers import run_json
+from helpers.standin import decide, stand_in
 
 @pytest.mark.parametrize("hip", ["6.2.41133-dd7f95766", "5.7.31921"])
 def test_rocm_before_7_is_not_written(hip):
@@ -85,31 +60,33 @@ def test_torch_before_2_10_is_never_sent_keys_it_does_not_know():
     # give every sticky key its default back, once sent it and every
     # window there failed.
     out = run_json("""
-        import os
+        import threading, time
         def setter(conf):
             if "large_segment_size_mb" in conf:
                 raise RuntimeError("Unrecognized CachingAllocator option: "
                                    "large_segment_size_mb")
+            if "max_split_size_mb" in conf and not calls[-1:] == [conf]:
+                time.sleep(0.5)  # holds allocconf's lock in the thread
             calls.append(conf)
     """, stand_in("2.9.1+cu128", "12.8",
                   setter="_cuda_cudaCachingAllocator_set_allocator_settings",
                   call="setter"), """
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                with allocconf.ipc_safe():
-                    pass
-                got = calls
-            except Exception as exc:
-                got = repr(exc)
-            os.write(w, json.dumps(got).encode())
-            os._exit(0)
-        os.waitpid(pid, 0)
-        print(os.read(r, 65536).decode())
+        from helpers.harness import forked
+        def child():
+            with allocconf.ipc_safe():
+                pass
+            return calls
+        t = threading.Thread(
+            target=lambda: allocconf.configure(max_split_size_mb=64))
+        t.start()
+        time.sleep(0.2)  # the thread is inside the setter: the child does
+        code, got = forked(child)  # not know what torch holds
+        t.join()
+        print(json.dumps(got))
     """)
     assert isinstance(out, list), out  # else the window's error
     assert not any("large_segment_size_mb" in c for c in out), out
-    # The window's pair, after the child's restore.
-    assert out[-2:] == ["expandable_segments:False",
-                        "expandable_segments:True"]
+    # The child's restore, then the window's pair.
+    assert out[-3:] == ["max_split_size_mb:64,expandable_segments:True",
+                        "max_split_size_mb:64,expandable_segments:False",
+                        "max_split_size_mb:64,expandable_segments:True"]

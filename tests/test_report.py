@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from support import child_env, torch_facts
+from helpers import child_env, torch_facts
 
 
 def run(*args, code=None, env=None):
@@ -39,6 +39,7 @@ def test_json_report_schema_without_a_driver():
         # Without torch 2.13's getter and with CUDA not started, torch
         # cannot tell what it holds, and the report says so.
         "live": written if facts["getter"] else None,
+        "readback": facts["getter"],
     }
     assert r["expandable_segments"]["on"] is True
     assert r["driver"]["driver"] is None
@@ -52,7 +53,7 @@ def test_json_report_schema_without_a_driver():
     assert set(r["status"]) == {"applied", "reason", "expandable_segments",
                                 "config", "source", "api", "torch_imported",
                                 "window_depth", "user_config", "neighbours",
-                                "advice", "warnings"}
+                                "advice", "readback", "warnings"}
 
 
 def test_text_report_lines():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from support import TESTS_DIR, run_json
+from helpers import TESTS_DIR, run_json
 
 STANDIN = os.path.join(TESTS_DIR, "standin")
 FIRST = f"sys.path.insert(0, {STANDIN!r})\n"
@@ -68,45 +68,27 @@ def test_windows_nested_and_from_threads():
 
 def test_fork_in_a_window_and_with_the_lock_taken_by_another_thread():
     out = run("""
-        import os, threading
         import allocconf, torch
+        from helpers.harness import forked, hammer
+        def in_window():
+            with allocconf.ipc_safe():
+                pass
+            return [allocconf.status().window_depth,
+                    torch._C._accelerator_getAllocatorSettings()]
         with allocconf.ipc_safe():
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(r)
-                with allocconf.ipc_safe():
-                    pass
-                os.write(w, json.dumps([allocconf.status().window_depth,
-                                        torch._C._accelerator_getAllocatorSettings()]
-                                       ).encode())
-                os._exit(0)
-            os.close(w)
-            child = json.loads(os.read(r, 4096))
-            os.waitpid(pid, 0)
+            child = forked(in_window)
         # Threads hammering the lock while the main thread forks.
-        stop = threading.Event()
-        def hammer():
-            while not stop.is_set():
-                with allocconf.ipc_safe():
-                    pass
-        ts = [threading.Thread(target=hammer) for _ in range(3)]
-        for t in ts: t.start()
-        codes = []
-        for _ in range(20):
-            pid = os.fork()
-            if pid == 0:
-                allocconf.configure(max_split_size_mb=64)
-                os._exit(0 if allocconf.status().window_depth == 0 else 3)
-            codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                         if hasattr(os, "waitstatus_to_exitcode")
-                         else os.waitpid(pid, 0)[1] >> 8)
-        stop.set()
-        for t in ts: t.join()
+        def configure():
+            allocconf.configure(max_split_size_mb=64)
+            return allocconf.status().window_depth
+        done = hammer(lambda: allocconf.ipc_safe().__enter__().__exit__(
+            None, None, None))
+        codes = [forked(configure) for _ in range(20)]
+        done()
         print(json.dumps({"child": child, "codes": codes}))
     """)
-    assert out["child"] == [1, "expandable_segments:False"]
-    assert out["codes"] == [0] * 20
+    assert out["child"] == [0, [1, "expandable_segments:False"]]
+    assert out["codes"] == [[0, 0]] * 20
 
 
 def test_configure_reload_and_a_refused_write():

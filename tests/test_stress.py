@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from support import run_json, skip_if_torch_dies
+from helpers import run_json, skip_if_torch_dies
 
 STRESS = """
 import random, threading
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 import allocconf, torch
 from allocconf import AllocConfError
 
@@ -83,7 +83,7 @@ def test_32_threads_of_nested_windows_with_configure_and_status():
 
 
 HOSTILE = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 import allocconf, torch
 from allocconf import AllocConfError
 before = recorder.live()
@@ -142,7 +142,7 @@ def test_giant_valid_string_is_accepted_in_bounded_time():
 
 def test_duplicate_keys_follow_torch_later_wins():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf, torch
         print(json.dumps([allocconf.parse(
             "garbage_collection_threshold:0.5,garbage_collection_threshold:0.7"),
@@ -164,7 +164,7 @@ def test_hostile_environment_warns_in_bounded_time(value, offset):
     skip_if_torch_dies({"PYTORCH_CUDA_ALLOC_CONF": value})
     out = run_json("""
         import time
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -12,8 +12,8 @@ oracle in the last tests (2.13's getter in CI; the backend torch chose on
 the CUDA builds that tools/old-torch-check.sh installs)."""
 import pytest
 
-from support import run_json, torch_facts
-from test_platforms import decide, stand_in
+from helpers import run_json, torch_facts
+from helpers.standin import decide, stand_in
 
 OLD = dict(version="2.9.1+cu128", cuda="12.8",
            setter="_cuda_cudaCachingAllocator_set_allocator_settings")
@@ -44,8 +44,13 @@ def test_torch_2_10_and_later_read_PYTORCH_ALLOC_CONF():
 def test_an_opt_out_torch_cannot_see_is_still_honoured():
     out = decide(**OLD, env={
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:32",
-        "PYTORCH_ALLOC_CONF": "expandable_segments:False"})
+        "PYTORCH_ALLOC_CONF": "expandable_segments:False"}, warns=1)
     assert out["calls"] == []  # torch keeps what it read: nothing to write
+    assert out["warnings"] == [
+        "allocconf: PYTORCH_ALLOC_CONF says expandable_segments:False, but "
+        "the torch imported does not read it for CUDA; allocconf honours "
+        "it as your opt-out and turns nothing on. Move your settings into "
+        "the variable torch applies."]
     st = out["status"]
     assert st["expandable_segments"] is False
     assert st["source"] == "PYTORCH_CUDA_ALLOC_CONF"
@@ -123,11 +128,15 @@ def warned(torch_kwargs, env, after=False):
     """The AllocConfWarnings `import allocconf` gives next to a stand-in
     torch imported before it (or, `after`, installed only once allocconf
     is imported), the calls torch received and the status."""
+    tail = ('sys.modules["torch"] = torch\n'
+            'with warnings.catch_warnings(record=True) as caught:\n'
+            '    warnings.simplefilter("always")\n'
+            '    import allocconf\n')
     code = stand_in(**torch_kwargs).replace(
-        'sys.modules["torch"] = torch\nimport allocconf',
-        'import allocconf\nsys.modules["torch"] = torch\n'
-        'allocconf._on_torch(torch)' if after else
-        'sys.modules["torch"] = torch\nimport allocconf')
+        tail, 'import allocconf\nsys.modules["torch"] = torch\n'
+        'allocconf._on_torch(torch)\n' if after else
+        'sys.modules["torch"] = torch\nimport allocconf\n')
+    assert "caught" not in code
     return run_json("""
         import warnings
         with warnings.catch_warnings(record=True) as seen:

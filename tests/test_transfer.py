@@ -1,5 +1,5 @@
 """allocconf.transfer without a GPU: the layout, the packing and loading
-with CPU buffers in one process (tests/transfer_host.py stands in for
+with CPU buffers in one process (tests/helpers/transfer_host.py stands in for
 CUDA IPC and its events), the acknowledgement protocol, messages that
 pickle, and clear errors.  tests/gpu/test_transfer.py runs sender and
 receiver in two processes on a GPU."""
@@ -7,14 +7,14 @@ import pickle
 
 import pytest
 
-from support import run_json, torch_facts
+from helpers import run_json, torch_facts
 
 torch_facts()  # skips this module without torch
 import torch  # noqa: E402
 
 from allocconf import transfer  # noqa: E402
 from allocconf.transfer import ALIGN, Ack, Receiver, Sender, plan  # noqa: E402
-from transfer_host import HostOps  # noqa: E402
+from helpers.transfer_host import HostOps  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float32, torch.int8, torch.bool,
           torch.float64, torch.int64, torch.float16, torch.uint8]
@@ -203,7 +203,7 @@ def test_a_restarted_sender_is_not_taken_for_the_old_one():
     # The receiver caches opened buffers by the sender's id: a trainer
     # restarted in a new process must never present the same id.
     code = ("import sys; sys.path.insert(0, 'tests');"
-            "from transfer_host import HostOps;"
+            "from helpers.transfer_host import HostOps;"
             "from allocconf.transfer import Sender;"
             "import json; print(json.dumps(Sender(1024, _ops=HostOps()).id))")
     ids = {run_json(code) for _ in range(2)}

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import allocconf
-from support import run_json
+from helpers import run_json
 
 torch = pytest.importorskip("torch")
 live = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
@@ -176,7 +176,7 @@ def test_enabled_must_be_a_bool():
 
 def test_window_opened_before_torch_holds_when_torch_arrives():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf
         with allocconf.ipc_safe():
             import torch
@@ -197,7 +197,7 @@ def test_window_restores_the_users_exact_string_when_auto_is_off():
     # the user's own, spaces and all: the restore gives back exactly that.
     user = "max_split_size_mb : 64, garbage_collection_threshold:0.6"
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         import allocconf, torch
         with allocconf.ipc_safe():
             pass
@@ -212,7 +212,7 @@ def test_window_restores_the_users_exact_string_when_auto_is_off():
 
 def test_torch_refusing_a_window_write_leaves_the_window_closed():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         recorder.REJECT.add("expandable_segments:False")
         import allocconf, torch
         try:
@@ -229,7 +229,8 @@ def test_torch_refusing_a_window_write_leaves_the_window_closed():
 
 def test_setter_calling_back_into_allocconf_is_refused_not_deadlocked():
     out = run_json("""
-        import recorder, torch
+        import torch
+        from helpers import recorder
         name = next(n for n in recorder.NAMES if hasattr(torch._C, n))
         real = getattr(torch._C, name)
         seen = []

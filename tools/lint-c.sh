@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fmt="${CLANG_FORMAT:-$(command -v clang-format || command -v clang-format-14)}"
-"$fmt" --dry-run --Werror csrc/*.c csrc/*.h fuzz/*.c
+"$fmt" --dry-run --Werror csrc/*.[ch] csrc/*/*.[ch] fuzz/*.c
 # cppcheck does not read Python.h here (too many configurations); the few
 # macros that change control flow are spelled out for it instead.
 # Twice: the 3.9-3.12 lock (PyThread) and the 3.13+ one (PyMutex) are

@@ -337,7 +337,8 @@ def _attach(torch: ModuleType) -> List[str]:
 
 
 def _on_torch(torch: ModuleType) -> None:
-    """The hook's callback, run when `import torch` finishes.  Nothing may
+    """The hook's callback, run when `import torch` finishes (in the
+    importing thread, or in the hook's waiting thread).  Nothing may
     raise out of here into the user's `import torch` (torch could never
     be imported again in this process): a warning that the filters turn
     into an exception goes to the "allocconf" logger and is kept in
@@ -371,22 +372,37 @@ def _give(messages: List[str]) -> None:
 def _activate() -> List[str]:
     """Read the environment, then attach now or when torch is imported.
     Returns the warnings to give."""
-    torch = sys.modules.get("torch")
-    if torch is not None and not hasattr(torch, "_C"):
-        torch = None  # still being imported: attach when it is done
-    # Read the environment as this torch reads it, where it is imported.
-    messages: List[str] = _C._load_environ(torch)
     from allocconf import _hook
 
-    if _C._internals()["auto"]:
+    torch = sys.modules.get("torch")
+    # torch still being imported (by another thread, or by the import
+    # chain that imports allocconf): attach once that import completes.
+    pending = torch is not None and _hook.initializing(torch)
+    # Read the environment as this torch reads it, where it is imported.
+    messages: List[str] = _C._load_environ(None if pending else torch)
+    inner = _C._internals()
+    if not inner["at_fork"]:
+        messages.append(
+            "allocconf: this Python has no os.register_at_fork, so a child "
+            "made by fork() inherits allocconf's lock and open windows as "
+            "they were: one forked while another thread held the lock "
+            "hangs at its first allocconf call, one forked inside a window "
+            "keeps it open. Use the spawn start method, or fork only with "
+            "no window open.")
+    if inner["auto"]:
         messages += _neighbours.present()
         watch = _neighbours.missing()
         if watch:
             _hook.watch(watch, _on_neighbour)
-    if torch is not None:
+    if torch is not None and not pending:
         return messages + _attach(torch)
-    _hook.install(_on_torch)
-    _C._trace("waiting for `import torch` (sys.meta_path hook installed)")
+    finder = _hook.install(_on_torch)
+    if pending:
+        finder.wait("torch")
+        _C._trace("torch is being imported: attaching when that completes")
+    else:
+        _C._trace("waiting for `import torch` (sys.meta_path hook "
+                  "installed)")
     return messages
 
 

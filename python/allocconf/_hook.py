@@ -9,6 +9,12 @@ looked up (``importlib.util.find_spec``) fires nothing.  Each name fires
 once; the finder removes itself when none is left.  If an import fails,
 its name stays watched for the next attempt.
 
+A module already in ``sys.modules`` but still being imported (allocconf
+imported by another thread, or by torch's own import chain, while ``import
+torch`` runs) asks no finder again: :meth:`TorchFinder.wait` fires for it
+from a thread of its own once that import completes, without importing
+anything itself.
+
 Two finders: :class:`TorchFinder` for torch (gone once torch is imported)
 and :class:`NeighbourFinder` for the neighbours of allocconf/_neighbours.py.
 """
@@ -60,6 +66,37 @@ class TorchFinder:
             return spec
         return None
 
+    def wait(self, name: str) -> None:
+        """Fire for `name`, which is in ``sys.modules`` but still being
+        imported, once that import completes: from a daemon thread that
+        waits on the import's own module lock.  If the import fails, the
+        finder stays, for the next attempt."""
+        import threading
+
+        threading.Thread(target=self._wait, args=(name,), daemon=True,
+                         name=f"allocconf: waiting for import {name}").start()
+
+    def _wait(self, name: str) -> None:
+        lock = _module_lock(name)
+        if lock is not None:
+            try:
+                # Held by the importing thread until the module's body has
+                # run (importlib's _find_and_load, Python 3.9 to 3.13).
+                lock.acquire()
+                lock.release()
+            except Exception:
+                lock = None
+        while True:
+            module = sys.modules.get(name)
+            if module is None:
+                return  # the import failed: the finder sees the next one
+            if not initializing(module):
+                self.fire(name, module)
+                return
+            import time
+
+            time.sleep(0.01)  # no module lock to wait on: poll
+
     def fire(self, name: str, module: ModuleType) -> None:
         """Stop watching `name` (and remove this finder when nothing is
         left to watch), then hand the finished module over."""
@@ -103,6 +140,27 @@ class _Loader:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
+
+
+def initializing(module: Any) -> bool:
+    """Whether `module` is in ``sys.modules`` with its body still running
+    (in this thread or another): importlib marks its spec so."""
+    try:
+        return bool(getattr(getattr(module, "__spec__", None),
+                            "_initializing", False))
+    except Exception:  # a module whose attributes raise: taken as done
+        return False
+
+
+def _module_lock(name: str) -> Any:
+    """importlib's lock for the import of `name`, or None where this
+    Python has none to offer."""
+    try:
+        from importlib import _bootstrap
+
+        return _bootstrap._get_module_lock(name)  # type: ignore[attr-defined]
+    except Exception:
+        return None
 
 
 def _place(finder: TorchFinder) -> None:

@@ -185,10 +185,10 @@ def child_env(config: str = "same", *,
 def export() -> None:
     """With ALLOCCONF_EXPORT=1, once torch is attached: write the
     configuration torch holds outside windows into the variables torch
-    reads, for the neighbours that only read the environment."""
-    inner = _C._internals()
-    base = inner["base"]
-    if not inner["export"] or base is None or not inner["attached"]:
+    reads, for the neighbours that only read the environment (the one
+    place allocconf changes os.environ, and only when asked)."""
+    base: Optional[str] = _C._export_base()
+    if base is None:
         return
     current = {n: os.environ[n] for n in VARIABLES if n in os.environ}
     wanted = dict(current)

@@ -17,25 +17,33 @@ from typing import Any, Dict, List, Optional
 
 import allocconf
 from allocconf import _C
+from allocconf._neighbours import _attr
 
 SCHEMA = 1
 PROBE_BYTES = 2 << 20  # one 2 MiB tensor each side of an ipc_safe() window
 
 
 def _torch_info(torch: Any) -> Dict[str, Any]:
-    version = getattr(torch, "version", None)
-    cuda = getattr(version, "cuda", None)
-    hip = getattr(version, "hip", None)
+    # A torch whose lazy attributes raise is reported as one without them.
+    version = _attr(torch, "version")
+    cuda = _attr(version, "cuda")
+    hip = _attr(version, "hip")
     build = f"CUDA {cuda}" if cuda else f"ROCm {hip}" if hip else "CPU"
-    return {"version": str(torch.__version__), "build": build}
+    return {"version": str(_attr(torch, "__version__")), "build": build}
+
+
+def _call(f: Any, default: Any) -> Any:
+    """f(), or `default` where it raises an ordinary error."""
+    try:
+        return f()
+    except Exception:
+        return default
 
 
 def _backend(torch: Any) -> Optional[str]:
-    try:
-        backend: str = torch.cuda.get_allocator_backend()
-        return backend
-    except Exception:
-        return None
+    backend: Optional[str] = _call(
+        lambda: torch.cuda.get_allocator_backend(), None)
+    return backend
 
 
 def _segments(torch: Any) -> Dict[str, Dict[str, int]]:
@@ -102,12 +110,12 @@ def collect(probe: bool = True) -> Dict[str, Any]:
     status = allocconf.status()
     if torch is not None:
         report["torch"] = dict(_torch_info(torch), setter=status.api)
-        cuda = torch.cuda.is_available()
+        cuda = _call(lambda: bool(torch.cuda.is_available()), False)
         report["backend"] = _backend(torch) if cuda else None
         if cuda and probe:
-            report["probe"] = _probe(torch)
+            report["probe"] = _call(lambda: _probe(torch), None)
         if cuda:
-            report["segments"] = _segments(torch)
+            report["segments"] = _call(lambda: _segments(torch), None)
         live = _C._live_config(torch)
         status = allocconf.status()
     else:
@@ -117,6 +125,7 @@ def collect(probe: bool = True) -> Dict[str, Any]:
         "source": status.source,
         "written": status.config if status.applied else None,
         "live": live,
+        "readback": status.readback,
     }
     report["expandable_segments"] = {
         "on": status.expandable_segments,
@@ -203,6 +212,12 @@ def render(r: Dict[str, Any]) -> str:
         else "written:      nothing")
     add(f"live:         {c['live']!r}" if c["live"] is not None
         else "live:         torch cannot tell without CUDA initialised")
+    if c["readback"] is not None:
+        add("readback:     " + (
+            "yes: windows and status() act on what torch holds"
+            if c["readback"] else
+            "no (torch before 2.13 has no getter): a write through a "
+            "setter reference taken before allocconf attached is not seen"))
     es = r["expandable_segments"]
     add(f"expandable:   {es['on']}  ({es['reason']})")
     for advice in r["status"]["advice"]:

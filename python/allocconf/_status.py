@@ -15,8 +15,10 @@ class Status:
         expandable_segments: the value in force, or that will be once torch
             is imported; None where allocconf does not manage it (a backend
             or platform without expandable segments, a malformed variable).
-        config: the full string last written to torch, or that will be; the
-            user's own string where allocconf writes nothing.
+        config: the string torch holds, string for string: what allocconf
+            last wrote, or read back from torch (``readback``); before
+            torch is imported, what will be written, or the user's own
+            string where allocconf writes nothing.
         source: where the user's configuration came from: the variable's
             name, "torch" (read live from torch), or None.
         api: the torch function used to write, once torch is imported.
@@ -35,6 +37,13 @@ class Status:
             max_split_size_mb that fights expandable segments, or a
             variable set that this torch does not read (PYTORCH_ALLOC_CONF
             on torch 2.9 and older), whose settings apply nowhere.
+        readback: whether this torch can report the string it holds (its
+            getter, torch 2.13 and newer).  True: ``config`` and every
+            window act on what torch holds, a write that went past
+            allocconf included.  False: ``config`` is what allocconf last
+            wrote or read at attach; a write made through a reference to
+            torch's setter taken before allocconf attached is not seen.
+            None before torch is imported.
         warnings: allocconf's warnings that the warning filters would have
             raised inside the user's ``import torch`` (``-W error``); they
             went to the "allocconf" logger instead, so that the import
@@ -52,6 +61,7 @@ class Status:
     user_config: Optional[str]
     neighbours: Tuple[str, ...]
     advice: Tuple[str, ...]
+    readback: Optional[bool]
     warnings: Tuple[str, ...] = ()
 
     def as_dict(self) -> Dict[str, Any]:

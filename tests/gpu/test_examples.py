@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from support import TESTS_DIR, child_env
+from helpers import TESTS_DIR, child_env
 
 pytestmark = pytest.mark.gpu
 

@@ -2,13 +2,13 @@
 lands in expandable segments; the user's settings survive."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
 CHECK = """
 import allocconf
-from gpu_helpers import alloc, expandable
+from helpers.gpu import alloc, expandable
 b = alloc(64)
 print(json.dumps({"expandable": expandable(b),
                   "status": allocconf.status().as_dict(),
@@ -33,7 +33,7 @@ ORDERS = {
     """,
     "after-first-allocation": """
         import torch
-        from gpu_helpers import alloc, expandable
+        from helpers.gpu import alloc, expandable
         first = alloc(64)
         assert not expandable(first)
         initialized_before = torch.cuda.is_initialized()
@@ -67,7 +67,7 @@ def test_new_allocations_are_expandable(order):
 def test_ipc_safe_window_then_expandable_again():
     out = run_json("""
         import allocconf, torch
-        from gpu_helpers import alloc, expandable
+        from helpers.gpu import alloc, expandable
         before = alloc(64)
         with allocconf.ipc_safe():
             inside = alloc(64)
@@ -81,7 +81,7 @@ def test_ipc_safe_window_then_expandable_again():
 def test_max_split_size_survives_activation_and_1000_windows():
     out = run_json("""
         import allocconf, torch
-        from gpu_helpers import alloc
+        from helpers.gpu import alloc
         alloc(1)
         first = torch.cuda.memory_stats()["max_split_size"]
         for _ in range(1000):
@@ -99,7 +99,7 @@ def test_without_allocconf_the_setter_alone_loses_max_split_size():
     # before CUDA starts resets the user's max_split_size_mb.
     out = run_json("""
         import torch
-        from gpu_helpers import alloc, settings
+        from helpers.gpu import alloc, settings
         torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
         alloc(1)
         print(json.dumps([torch.cuda.memory_stats()["max_split_size"],

@@ -3,7 +3,7 @@ ipc_safe() goes through classic CUDA IPC to another process, and the
 driver tells shareable from expandable memory."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -12,7 +12,7 @@ def test_torch_multiprocessing_spawn_child_reads_exact_values():
     out = run_json("""
         import allocconf, torch
         import torch.multiprocessing as mp
-        from gpu_helpers import expandable, mp_check_arange
+        from helpers.gpu import expandable, mp_check_arange
 
         ctx = mp.get_context("spawn")
         with allocconf.ipc_safe():
@@ -44,7 +44,7 @@ def test_reduce_tensor_to_a_child_process():
         import base64, hashlib, pickle, subprocess
         import allocconf, torch
         from torch.multiprocessing.reductions import reduce_tensor
-        from gpu_helpers import expandable
+        from helpers.gpu import expandable
 
         with allocconf.ipc_safe():
             t = torch.randn(1 << 20, device="cuda")

@@ -2,7 +2,7 @@
 IPC, and torchrun with two NCCL ranks.  Skipped with fewer than 2 GPUs."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 from test_dist import USER, run_torchrun
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
@@ -13,7 +13,7 @@ def test_trainer_gpu0_to_receiver_gpu1_bit_for_bit():
         import hashlib
         import allocconf, torch
         import torch.multiprocessing as mp
-        from gpu_helpers import expandable, mp_copy_to_device_and_hash
+        from helpers.gpu import expandable, mp_copy_to_device_and_hash
 
         weights = [torch.randn(1 << 22, device="cuda:0").bfloat16()
                    for _ in range(64)]

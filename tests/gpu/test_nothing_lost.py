@@ -2,7 +2,7 @@
 holds before activation, after it, and after 10,000 windows."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -31,7 +31,7 @@ def strip(s):
 def test_torch_first_settings_unchanged(var):
     out = run_json("""
         import torch
-        from gpu_helpers import alloc, settings
+        from helpers.gpu import alloc, settings
         alloc(1)
         s0 = settings(); m0 = torch.cuda.memory_stats()["max_split_size"]
         import allocconf
@@ -51,13 +51,13 @@ def test_torch_first_settings_unchanged(var):
 def test_allocconf_first_settings_as_the_user_set_them(var):
     baseline = run_json("""
         import torch
-        from gpu_helpers import alloc, settings
+        from helpers.gpu import alloc, settings
         alloc(1)
         print(json.dumps(settings()))
     """, env={var: USER})
     out = run_json("""
         import allocconf, torch
-        from gpu_helpers import alloc, settings
+        from helpers.gpu import alloc, settings
         alloc(1)
         s0 = None; m0 = None
         s1 = settings(); m1 = torch.cuda.memory_stats()["max_split_size"]

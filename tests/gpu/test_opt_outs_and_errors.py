@@ -2,16 +2,16 @@
 malformed variable gives allocconf's warning and no write."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
 RUN = """
-import recorder; recorder.install()
+from helpers import recorder; recorder.install()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import allocconf, torch
-from gpu_helpers import alloc, expandable
+from helpers.gpu import alloc, expandable
 t = alloc(64)
 print(json.dumps({"calls": recorder.CALLS, "expandable": EXPANDABLE,
                   "warnings": [str(w.message) for w in caught
@@ -54,7 +54,7 @@ def test_cuda_malloc_async_no_write_no_crash():
 
 def test_malformed_variable_warns_with_key_and_offset_and_writes_nothing():
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import allocconf, torch
@@ -76,7 +76,7 @@ def test_unknown_key_refused_by_torch_warns_at_import_and_is_handed_back():
     # expandable_segments named at its default, since the refused string
     # named it and torch keeps that key (it may have read it first).
     out = run_json("""
-        import recorder; recorder.install()
+        from helpers import recorder; recorder.install()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import allocconf, torch

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from support import child_env
+from helpers import child_env
 
 pytestmark = pytest.mark.gpu
 

@@ -4,13 +4,13 @@ them on every write that changes them.  New segments after a window, or
 after configure(expandable_segments=None), follow what status() says."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
 PRELUDE = """
 import allocconf, torch
-from gpu_helpers import alloc, expandable, settings
+from helpers.gpu import alloc, expandable, settings
 def fresh():
     # A new segment: empty the cache so the next tensor cannot reuse one.
     torch.cuda.empty_cache()
@@ -52,7 +52,7 @@ def test_removing_large_segment_size_gives_torch_its_default_back():
     # A 2 MiB request gets a segment of the large segment size (classic
     # memory, so ALLOCCONF_AUTO=0): 20 MiB by default.
     out = run_json(PRELUDE, """
-        from gpu_helpers import segment_of
+        from helpers.gpu import segment_of
         def segment_mib():
             torch.cuda.empty_cache()
             return segment_of(alloc(2))["total_size"] >> 20

@@ -2,7 +2,7 @@
 fork after activation."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -11,7 +11,7 @@ def test_allocations_inside_windows_are_classic_across_threads():
     out = run_json("""
         import random, threading
         import allocconf, torch
-        from gpu_helpers import alloc, expandable, last_string
+        from helpers.gpu import alloc, expandable, last_string
         alloc(1)
         before = last_string()
         inside, outside, errors = [], [], []
@@ -58,23 +58,17 @@ def test_allocations_inside_windows_are_classic_across_threads():
 
 def test_fork_after_activation_child_can_allocate():
     out = run_json("""
-        import os
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork + threads
         import allocconf, torch
+        from helpers.harness import forked
         assert allocconf.status().applied
         parent_initialized = torch.cuda.is_initialized()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                from gpu_helpers import alloc, expandable
-                t = alloc(16)
-                t.fill_(7)
-                ok = int(t[123].item()) == 7 and expandable(t)
-                os._exit(0 if ok else 3)
-            except BaseException:
-                os._exit(4)
-        _, status = os.waitpid(pid, 0)
+        def child():
+            from helpers.gpu import alloc, expandable
+            t = alloc(16)
+            t.fill_(7)
+            return int(t[123].item()) == 7 and expandable(t)
+        code, ok = forked(child, timeout=240)
         print(json.dumps({"parent_initialized": parent_initialized,
-                          "child_exit": os.waitstatus_to_exitcode(status)}))
+                          "child_exit": code, "ok": ok}))
     """, timeout=300)
-    assert out == {"parent_initialized": False, "child_exit": 0}
+    assert out == {"parent_initialized": False, "child_exit": 0, "ok": True}

@@ -4,7 +4,7 @@ buckets go through classic CUDA IPC, and what the engine holds is
 compared bit for bit (SHA-256 of the bytes) after every sync."""
 import pytest
 
-from support import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -12,7 +12,7 @@ SYNCS = """
 import allocconf, torch
 import torch.multiprocessing as mp
 from allocconf.transfer import Sender
-from transfer_engine import digests, engine, spec_of
+from helpers.transfer_engine import digests, engine, spec_of
 
 def model(seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
