@@ -270,7 +270,7 @@ live_config(PyObject *module, PyObject *torch)
 {
     PyObject *r = ac_read_live(torch);
     (void)module;
-    if (r == NULL) {
+    if (r == NULL && !PyErr_Occurred()) {
         Py_RETURN_NONE;
     }
     return r;
