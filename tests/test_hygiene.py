@@ -1,8 +1,11 @@
 """What `import allocconf` must never do, and what it is made of."""
 import importlib.machinery
+import os
+
+import pytest
 
 import allocconf
-from support import run_json, torch_facts
+from helpers import run_json, torch_facts
 
 
 def test_import_alone_leaves_torch_and_environment_alone():
@@ -109,3 +112,90 @@ def test_the_stub_names_every_function_of_the_extension():
                if callable(getattr(C, name)) and not name.startswith("__")
                and f"def {name}(" not in text and f"class {name}" not in text]
     assert missing == []
+
+
+# The layers of csrc/, lowest first (docs/design.md, "Layers"): a file may
+# include headers of its own layer or of lower ones, never of a higher one;
+# and no C file calls into a higher layer, nor into one that calls back
+# into it, directly or around a circle.
+LAYERS = {"": 0, "grammar": 1, "driver": 1, "state": 2, "torchio": 3,
+          "api": 4}
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc")
+
+
+def _layer(path):
+    """The layer of csrc/<path> (module.c is the top)."""
+    folder = os.path.dirname(path)
+    return 5 if path == "module.c" else LAYERS[folder]
+
+
+def _sources(ext):
+    for folder, _, files in os.walk(CSRC):
+        for name in sorted(files):
+            if name.endswith(ext):
+                yield os.path.relpath(os.path.join(folder, name),
+                                      CSRC).replace(os.sep, "/")
+
+
+def test_csrc_files_include_only_their_own_layer_or_lower():
+    import re
+
+    upward = []
+    for path in list(_sources(".c")) + list(_sources(".h")):
+        with open(os.path.join(CSRC, path)) as f:
+            for inc in re.findall(r'^#include "([^"]+)"', f.read(), re.M):
+                if not os.path.exists(os.path.join(CSRC, inc)):
+                    upward.append((path, inc, "no such header"))
+                elif _layer(inc) > _layer(path):
+                    upward.append((path, inc))
+    assert upward == []
+    assert {os.path.dirname(p) for p in _sources(".c")} == set(LAYERS)
+
+
+def test_csrc_calls_go_down_the_layers_and_never_round_a_circle(tmp_path):
+    # Which C file calls which, from the compiled objects' symbols.
+    import shutil
+    import subprocess
+    import sysconfig
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    nm = shutil.which("nm")
+    if cc is None or nm is None:
+        pytest.skip("needs a C compiler and nm")
+    defined, wanted = {}, {}
+    for path in _sources(".c"):
+        obj = tmp_path / (path.replace("/", "_") + ".o")
+        subprocess.run([cc, "-c", "-std=c11", "-fPIC", "-I", CSRC, "-I",
+                        sysconfig.get_paths()["include"],
+                        os.path.join(CSRC, path), "-o", str(obj)],
+                       check=True, capture_output=True)
+        symbols = subprocess.run([nm, "-P", str(obj)], check=True,
+                                 capture_output=True, text=True).stdout
+        wanted[path] = set()
+        for line in symbols.splitlines():
+            name, kind = line.split()[:2]
+            if kind == "U":
+                wanted[path].add(name)
+            elif kind.isupper():
+                defined[name] = path
+    calls = {path: {defined[n] for n in names if n in defined} - {path}
+             for path, names in wanted.items()}
+    upward = sorted((a, b) for a, callees in calls.items() for b in callees
+                    if _layer(b) > _layer(a))
+    assert upward == []
+    # Any circle shows as a file that reaches itself.
+    circles = []
+    for start in calls:
+        seen, todo = set(), list(calls[start])
+        while todo:
+            f = todo.pop()
+            if f == start:
+                circles.append(start)
+                break
+            if f not in seen:
+                seen.add(f)
+                todo.extend(calls[f])
+    assert circles == []
+    # The grammar calls nothing of the rest: the fuzzer links it alone.
+    assert all(_layer(b) == 1 for a, callees in calls.items()
+               if a.startswith("grammar/") for b in callees)
