@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 
+import allocconf
 from helpers import child_env, torch_facts
 
 
@@ -60,7 +61,7 @@ def test_text_report_lines():
     proc = run()
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.startswith("allocconf 0.1.0")
+    assert out.startswith(f"allocconf {allocconf.__version__}")
     for label in ("torch:", "setter:", "backend:", "user config:", "written:",
                   "live:", "expandable:", "driver:", "pidfd:"):
         assert f"\n{label}" in out, label
