@@ -6,8 +6,10 @@
  *
  * Every field of ac_state is read and written only with the state lock
  * held (ac_lock / ac_unlock), except the type objects and interned names
- * made at module exec and never replaced, and `pid`, written only by the
- * at-fork handler in a child that has one thread.  The one piece of
+ * made at module exec and never replaced; `pid`, written only by the
+ * at-fork handler in a child that has one thread; and `getter` and `seq`,
+ * which the read-back (torchio/write.c) reads first without the lock,
+ * with the GIL held, checking `seq` again under the lock.  The one piece of
  * Python code allowed under the lock is torch's setter (docs/design.md,
  * "Locks").
  */

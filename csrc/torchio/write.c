@@ -166,13 +166,12 @@ ac_read_back(ac_state *st, ac_reading *r)
 {
     PyObject *get, *held;
 
+    /* Read without the lock, with the GIL held (the module keeps the
+     * GIL, Py_mod_gil): getter is set once, at attach; seq is checked
+     * again under the lock before the reading counts. */
     r->held = NULL;
-    if (ac_lock(st) < 0) {
-        return -1;
-    }
     get = Py_XNewRef(st->getter);
     r->seq = st->seq;
-    ac_unlock(st);
     if (get == NULL) {
         return 0;
     }
