@@ -8,7 +8,7 @@ import allocconf
 from allocconf import AllocConfError, merge, parse
 from helpers import run_json, torch_facts
 
-# Strings a user may really have, from torch's docs and the facts document.
+# Strings a user may really have, from torch's docs and docs/design.md.
 VALID = [
     "",
     "expandable_segments:True",
@@ -117,7 +117,7 @@ def test_empty_string_is_an_empty_configuration():
         ("garbage_collection_threshold:0", "garbage_collection_threshold",
          29, "0", "between 0 and 1"),
         # .99999999999999999 reads as 1.0, 1e-310 underflows: torch
-        # refuses both (facts §9).
+        # refuses both (tests/test_differential.py holds it to torch).
         ("garbage_collection_threshold:.99999999999999999",
          "garbage_collection_threshold", 29, ".99999999999999999",
          "read as 1"),

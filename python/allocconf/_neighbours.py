@@ -1,4 +1,4 @@
-"""The neighbours allocconf lives with, in one place (DESIGN.md 8-10).
+"""The neighbours allocconf lives with, in one place (docs/neighbours.md).
 
 ``NEIGHBOURS`` names each component that cannot live with expandable
 segments and why; allocconf's import-time default steps back when one is

@@ -95,7 +95,8 @@ def test_max_split_size_survives_activation_and_1000_windows():
 
 
 def test_without_allocconf_the_setter_alone_loses_max_split_size():
-    # The trap allocconf exists for (facts §2), on this torch: a bare write
+    # The trap allocconf exists for (docs/design.md, "What torch does with
+    # a write"), on this torch: a bare write
     # before CUDA starts resets the user's max_split_size_mb.
     out = run_json("""
         import torch

@@ -1,9 +1,9 @@
-"""allocconf next to the real torch_memory_saver (issue 12, DESIGN.md 8).
+"""allocconf next to the real torch_memory_saver (issue 12, docs/neighbours.md).
 
 torch_memory_saver 0.0.10 in its "preload" hook mode (LD_PRELOAD, SGLang's
 default) sees only cudaMalloc: with expandable segments on, a region's
-memory lands in an expandable segment and pause() frees nothing (facts
-§9).  allocconf's default steps back when it is in the process, so the
+memory lands in an expandable segment and pause() frees nothing
+(docs/gpu-validation.md).  allocconf's default steps back when it is in the process, so the
 whole region comes back.  Each case allocates 8 GiB in a region in a fresh
 process, pauses, resumes, and reads the device's free memory from
 ``torch.cuda.mem_get_info()``.  Skipped where torch_memory_saver is not
@@ -110,7 +110,7 @@ def test_pause_frees_the_whole_region(mode, order):
 
 
 def test_without_the_step_back_preload_mode_frees_nothing():
-    # The failure the step-back prevents (facts §9), with allocconf told
+    # The failure the step-back prevents (docs/neighbours.md), with allocconf told
     # to keep its default on.
     out = run("preload", "allocconf first", {"ALLOCCONF_STEP_BACK": "0"})
     assert out["expandable"] == [True]
