@@ -333,7 +333,7 @@ ac_internals(ac_state *st)
 {
     PyObject *r, *base;
 
-    if (ac_lock(st) < 0) {
+    if (ac_lock_read_back(st) < 0) {
         return NULL;
     }
     base = export_base_locked(st);

@@ -118,11 +118,14 @@ def _keeping(original: Callable[..., Any], api: str) -> Callable[..., Any]:
 
 
 def _attr(obj: Any, name: str) -> Any:
-    """getattr(obj, name), None where it is missing or raises: as the C
-    side looks torch over (csrc/torch.c lookup), so a torch whose lazy
-    attributes fail is taken as one without them, not as an error."""
+    """getattr(obj, name), None where it is missing or raises an ordinary
+    error: as the C side looks torch over (csrc/torchio/attach.c), so a
+    torch whose lazy attributes fail is taken as one without them.
+    MemoryError (and KeyboardInterrupt) pass through."""
     try:
         return getattr(obj, name, None)
+    except MemoryError:
+        raise
     except Exception:
         return None
 
