@@ -46,6 +46,44 @@ def test_a_setter_taken_before_allocconf_attached_is_seen_and_kept():
                             "threshold:0.5,expandable_segments:True")
 
 
+@needs_getter
+def test_a_read_back_during_allocconfs_own_write_is_not_a_write_it_missed():
+    # torch's setter here is Python code that lets another thread run
+    # before torch holds the new string: that thread's status() reads the
+    # old string, then waits for allocconf's lock.  It must not take the
+    # old string for a write allocconf did not see.
+    out = run_json(f"""
+        import threading, time
+        import torch
+        get = {GET}
+        name = "_accelerator_setAllocatorSettings"
+        real = getattr(torch._C, name)
+        inside = threading.Event()
+        def slow(conf):
+            inside.set()
+            time.sleep(0.2)  # the reader reads torch now
+            return real(conf)
+        setattr(torch._C, name, slow)
+        import allocconf
+        seen = []
+        def reader():
+            inside.wait(30)
+            seen.append(allocconf.status().config)
+        inside.clear()
+        r = threading.Thread(target=reader)
+        r.start()
+        window = allocconf.ipc_safe()
+        window.__enter__()
+        r.join()
+        inside_window = get()
+        window.__exit__(None, None, None)
+        print(json.dumps([seen, inside_window, get(),
+                          allocconf._C._internals()["unseen"]]))
+    """, timeout=120)
+    assert out == [["expandable_segments:False"], "expandable_segments:False",
+                   "expandable_segments:True", 0]
+
+
 def test_a_torch_without_a_getter_says_so_in_status():
     from helpers.standin import decide
 

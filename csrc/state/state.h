@@ -134,7 +134,8 @@ typedef struct {
     int cpu_only;           /* torch built without CUDA or ROCm */
     unsigned mask_in_force; /* the sticky keys of in_force */
     unsigned sticky_known;  /* the sticky keys this torch knows */
-    Py_ssize_t seq;         /* calls allocconf made to torch's setter */
+    Py_ssize_t seq;         /* moves on before and after each call
+                               allocconf makes to torch's setter */
     Py_ssize_t writes;      /* of them, writes of allocconf's strings */
     Py_ssize_t foreign_n;   /* setter calls by other components, kept */
     Py_ssize_t unseen;      /* writes allocconf found only by reading back

@@ -44,14 +44,20 @@ held_after(unsigned before, unsigned written)
     return written | (kept << AC_NSTICKY);
 }
 
-/* Call torch's setter with `s`.  0, or -1 with its exception set. */
+/* Call torch's setter with `s`.  0, or -1 with its exception set.
+ *
+ * seq moves on before the call and again after it: a read-back whose
+ * getter call overlapped this one (the setter is Python code, so the GIL
+ * can pass to the reading thread while it runs, before torch holds `s`)
+ * sees another seq under the lock and does not count. */
 static int
 call_setter(ac_state *st, PyObject *s)
 {
     PyObject *r;
 
-    st->seq++; /* before: a reader that sees the old count re-checks */
+    st->seq++;
     r = PyObject_CallOneArg(st->setter, s);
+    st->seq++;
     if (r == NULL) {
         return -1;
     }
