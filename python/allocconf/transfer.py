@@ -3,13 +3,20 @@
 A trainer (:class:`Sender`) keeps a few reusable buffers of classic
 memory, allocated once inside :func:`allocconf.ipc_safe`, packs named
 tensors into them a bucket at a time and yields a small picklable
-:class:`Message` per bucket; the application ships it over its own
-channel (a multiprocessing queue, Ray, ZMQ).  An engine
-(:class:`Receiver`) opens each buffer's IPC handle once, waits on the
-bucket's interprocess CUDA event, copies into its own tensors (or hands
-out zero-copy views) and returns an :class:`Ack`; a buffer is packed
-again only after the receiver acknowledged it, and the sender's stream
-waits, on the GPU, for the receiver's copies to finish.
+:class:`Message` per bucket; the messages travel over the application's
+channel (a multiprocessing queue, Ray, ZMQ; :class:`Channel` wraps two
+queues).  An engine (:class:`Receiver`) opens each buffer's IPC handle
+once, on its own device (matched by GPU UUID), waits on the bucket's
+interprocess CUDA event, copies into its own tensors (``load``), hands
+them to its ``load_weights`` (``named_tensors``) or reads zero-copy views,
+and returns an :class:`Ack`; a buffer is packed again only after the
+receiver acknowledged it, and the sender waits, on the GPU, for the
+receiver's reads to finish.
+
+The layout of a sync is a *plan*, made once per layout (names, dtypes,
+shapes, casts) and kept while it holds: while the receiver knows the
+plan, a bucket's message carries no per-tensor data, and tensors that
+share their memory (tied weights) are sent once.
 
 Only classic CUDA IPC is used (``cudaIpcGetMemHandle``, no
 ``pidfd_getfd``), so it works where sharing memory in expandable segments
@@ -21,16 +28,18 @@ import this module.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, Sequence, Tuple, Union)
+                    Optional, Sequence, Set, Tuple, Union)
 
 import torch
 
 import allocconf
 
-__all__ = ["Entry", "Message", "Ack", "Sender", "Receiver", "plan"]
+__all__ = ["Entry", "Message", "Ack", "Sender", "Receiver", "Channel",
+           "SyncResult", "TransferError", "plan"]
 
 #: Byte alignment of every tensor in a buffer: enough for any dtype's
 #: view and for vectorised copies.
@@ -39,17 +48,25 @@ ALIGN = 256
 _cuda: Any = torch.cuda  # its Event is untyped
 
 
+class TransferError(RuntimeError):
+    """A sync could not complete: a peer that stayed silent past the
+    timeout (dead, or stuck), a receiver that could not take a bucket, a
+    message out of order.  Both sides stay usable: the sender after
+    :meth:`Sender.abort`, the receiver after a sync that completes."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One tensor, or one piece of a tensor split across buckets."""
 
     name: str
-    dtype: str               # torch dtype name, e.g. "bfloat16"
+    dtype: str               # torch dtype name as sent, e.g. "bfloat16"
     shape: Tuple[int, ...]
     offset: int              # bytes into the buffer
     nbytes: int              # bytes of this piece
     start: int = 0           # bytes into the tensor where the piece begins
     total: int = -1          # the tensor's bytes (-1: nbytes, unsplit)
+    aliases: Tuple[str, ...] = ()  # other names of the same memory
 
     @property
     def whole(self) -> bool:
@@ -61,32 +78,53 @@ class Entry:
         """The whole tensor's bytes."""
         return self.nbytes if self.total < 0 else self.total
 
+    @property
+    def ends(self) -> bool:
+        """The piece is the tensor's last."""
+        return self.start + self.nbytes == self.size
+
 
 @dataclass(frozen=True)
 class Message:
     """What the sender yields for one bucket: picklable, a few hundred
-    bytes plus the layout."""
+    bytes.  ``entries`` is None once the receiver knows the plan."""
 
-    sender: str              # the Sender's id, to cache handles by
-    sync: int                # which send() call, from 1
+    sender: str              # the Sender's id, to cache buffers by
+    sync: int                # which sync, from 1
     seq: int                 # the bucket's index within the sync
     buffer: int              # which of the sender's buffers holds it
-    entries: Tuple[Entry, ...]
     last: bool               # the sync's last bucket
     handle: Any              # the buffer's IPC handle (reduce_tensor's)
     event: bytes             # interprocess event recorded after packing
-    device: int
+    device: str              # the sender's GPU, by UUID
+    plan: str                # the plan this bucket belongs to
+    entries: Optional[Tuple[Entry, ...]] = None
+    kind: str = "bucket"     # "bucket"; "abort": the sync ended early;
+    #                          "close": the sender is gone
 
 
 @dataclass(frozen=True)
 class Ack:
-    """The receiver's word that it is done with a bucket's buffer."""
+    """The receiver's word that it is done with a bucket's buffer, or,
+    with ``error``, that it could not take it."""
 
     sender: str
     sync: int
     seq: int
     buffer: int
     event: bytes             # recorded after the receiver's reads
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What :meth:`Receiver.serve` took: the sync's number, whether it
+    arrived whole, its buckets and tensors."""
+
+    sync: int
+    complete: bool
+    buckets: int
+    tensors: int
 
 
 def _align(n: int, align: int = ALIGN) -> int:
@@ -99,17 +137,18 @@ class _Layout:
     left of a bucket starts the next; one larger than a whole buffer is
     split into pieces, the first at the start of a bucket."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, fill: int = 0, count: int = 0) -> None:
         if (not isinstance(capacity, int) or isinstance(capacity, bool)
                 or capacity < ALIGN):
             raise ValueError(f"allocconf.transfer: capacity must be an int "
                              f"of at least {ALIGN} bytes, got {capacity!r}")
         self.capacity = capacity
-        self.fill = 0    # bytes used in the current bucket
-        self.count = 0   # entries in it
+        self.fill = fill    # bytes used in the current bucket
+        self.count = count  # entries in it
 
     def place(self, name: str, dtype: str, shape: Tuple[int, ...],
-              nbytes: int) -> Iterator[Optional[Entry]]:
+              nbytes: int, aliases: Tuple[str, ...] = ()
+              ) -> Iterator[Optional[Entry]]:
         """Yield the tensor's entries, and None wherever a new bucket
         begins before the next one."""
         start = 0
@@ -121,7 +160,7 @@ class _Layout:
                 self.fill = self.count = off = 0
             piece = min(left, self.capacity - off)
             yield Entry(name, dtype, shape, off, piece, start,
-                        -1 if piece == nbytes else nbytes)
+                        -1 if piece == nbytes else nbytes, aliases)
             self.count += 1
             self.fill = off + piece
             start += piece
@@ -155,6 +194,11 @@ def _dtype(name: str) -> torch.dtype:
 @functools.lru_cache(maxsize=None)
 def _dtype_name(d: torch.dtype) -> str:
     return str(d).replace("torch.", "")
+
+
+@functools.lru_cache(maxsize=None)
+def _itemsize(d: torch.dtype) -> int:
+    return torch.empty((), dtype=d).element_size()
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -201,11 +245,12 @@ class _Copies:
     memcpy, the fastest copy there is for it, but one launch each); the
     smaller ones go in one _foreach_copy_ (one launch for many) as the
     widest integers that tile them, never as their dtype: that kernel
-    rounds through float and would rewrite NaN payloads.  The buffer's
-    side of each copy is made once per (buffer, offset, bytes, dtype,
-    shape) and kept in `views`, so a repeated sync creates no tensor on
-    that side.  benchmarks/copy_methods.py measured the choices
-    (docs/benchmarks.md)."""
+    rounds through float and would rewrite NaN payloads.  A piece sent in
+    another dtype than its tensor's (a cast) is copied typed, which
+    converts as Tensor.to does.  The buffer's side of each copy is made
+    once per (buffer, offset, bytes, dtype, shape) and kept in `views`,
+    so a repeated sync creates no tensor on that side.
+    benchmarks/copy_methods.py measured the choices (docs/benchmarks.md)."""
 
     BIG = 32 << 20   # bytes: copy_ here is bound by the GPU, not its launch
     LIMIT = 1 << 16  # cached views before the cache starts again
@@ -215,21 +260,9 @@ class _Copies:
         self.big: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self.small: Tuple[List[torch.Tensor], List[torch.Tensor]] = ([], [])
 
-    def add(self, key: Any, buf: torch.Tensor, e: Entry, t: torch.Tensor,
-            into_buffer: bool) -> None:
-        """Queue the copy of entry `e` of tensor `t` between `buf` (known
-        as `key`) and `t`: into the buffer, or out of it."""
-        big = e.nbytes >= self.BIG
-        typed = big and e.whole  # copied as itself: copy_ is a memcpy
-        if typed:
-            dtype, mine = t.dtype, t
-        else:
-            raw = _as_bytes(t)
-            if not e.whole:
-                raw = raw[e.start:e.start + e.nbytes]
-            dtype = torch.uint8 if big else _wide(e.nbytes, raw.data_ptr())
-            mine = raw if dtype == torch.uint8 else raw.view(dtype)
-        k = (key, e.offset, e.nbytes, dtype, e.shape)
+    def _theirs(self, key: Any, buf: torch.Tensor, e: Entry,
+                dtype: torch.dtype, typed: bool) -> torch.Tensor:
+        k = (key, e.offset, e.nbytes, dtype, e.shape if typed else None)
         theirs = self.views.get(k)
         if theirs is None:
             if len(self.views) >= self.LIMIT:
@@ -238,6 +271,29 @@ class _Copies:
             if typed:
                 theirs = theirs.view(e.shape)
             self.views[k] = theirs
+        return theirs
+
+    def add(self, key: Any, buf: torch.Tensor, e: Entry, t: torch.Tensor,
+            into_buffer: bool) -> None:
+        """Queue the copy of entry `e` of tensor `t` between `buf` (known
+        as `key`) and `t`: into the buffer, or out of it."""
+        big = e.nbytes >= self.BIG
+        cast = _dtype_name(t.dtype) != e.dtype
+        if cast:  # whole by construction: a cast tensor is never split
+            theirs = self._theirs(key, buf, e, _dtype(e.dtype), True)
+            mine = t
+        else:
+            typed = big and e.whole  # copied as itself: copy_ is a memcpy
+            if typed:
+                dtype, mine = t.dtype, t
+            else:
+                raw = _as_bytes(t)
+                if not e.whole:
+                    raw = raw[e.start:e.start + e.nbytes]
+                dtype = torch.uint8 if big else _wide(e.nbytes,
+                                                      raw.data_ptr())
+                mine = raw if dtype == torch.uint8 else raw.view(dtype)
+            theirs = self._theirs(key, buf, e, dtype, typed)
         dst, src = (theirs, mine) if into_buffer else (mine, theirs)
         if big:
             self.big.append((dst, src))
@@ -245,18 +301,24 @@ class _Copies:
             self.small[0].append(dst)
             self.small[1].append(src)
 
-    def run(self) -> None:
+    def __len__(self) -> int:
+        return len(self.big) + len(self.small[0])
+
+    def run(self, keep: bool = False) -> None:
+        """Queue the copies on the current stream; forget them, unless
+        `keep` (copies bound once and run every sync)."""
         with torch.no_grad():  # a model's parameters may require grad
             for dst, src in self.big:
                 dst.copy_(src)
             if self.small[0]:
                 torch._foreach_copy_(self.small[0], self.small[1])
-        self.big, self.small = [], ([], [])
+        if not keep:
+            self.big, self.small = [], ([], [])
 
 
 class _Cuda:
     """CUDA: buffers in classic memory, shared by cudaIpcGetMemHandle,
-    ordered by interprocess events."""
+    ordered by interprocess events, copies on a stream of their own."""
 
     def __init__(self, device: Optional[int]) -> None:
         if not torch.cuda.is_available():
@@ -264,7 +326,23 @@ class _Cuda:
         self.device = (torch.cuda.current_device() if device is None
                        else int(device))
         self.torch_device = torch.device("cuda", self.device)
-        self._events: Dict[bytes, Any] = {}
+        self.uuid = self.uuid_of(self.device)
+        self._stream = _cuda.Stream(self.device)
+        self._events: Dict[Tuple[int, bytes], Any] = {}
+
+    @staticmethod
+    def uuid_of(index: int) -> str:
+        return str(torch.cuda.get_device_properties(index).uuid)
+
+    def local(self, uuid_: str) -> int:
+        """The index, in this process, of the GPU with UUID `uuid_`."""
+        for i in range(torch.cuda.device_count()):
+            if self.uuid_of(i) == uuid_:
+                return i
+        raise TransferError(
+            f"allocconf.transfer: the sender's GPU ({uuid_}) is not among "
+            f"the {torch.cuda.device_count()} this process sees "
+            f"(CUDA_VISIBLE_DEVICES); CUDA IPC needs the same GPU")
 
     def alloc(self, nbytes: int) -> torch.Tensor:
         with allocconf.ipc_safe():
@@ -282,8 +360,11 @@ class _Cuda:
         r: Any = reductions  # untyped in torch
         return r.reduce_tensor(buf)
 
-    def open(self, handle: Any) -> torch.Tensor:
+    def open(self, handle: Any, device: int) -> torch.Tensor:
+        """The sender's buffer, opened on this process's `device` (its
+        own index for the sender's GPU)."""
         rebuild, args = handle
+        args = args[:6] + (device,) + args[7:]  # storage_device
         t: torch.Tensor = rebuild(*args)
         return t
 
@@ -292,29 +373,179 @@ class _Cuda:
         ev.record(torch.cuda.current_stream(self.device))  # a valid handle
         return ev, bytes(ev.ipc_handle())
 
+    def begin(self) -> Any:
+        """Enter the copy stream, after the work queued so far on the
+        current stream (the sources' producers)."""
+        s = self._stream
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        return _cuda.stream(s)
+
+    def done(self) -> None:
+        """The current stream waits for the copies (a source the producer
+        writes again, a scratch tensor reused)."""
+        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+
     def record(self, ev: Any) -> None:
         ev.record(torch.cuda.current_stream(self.device))
 
-    def wait(self, handle: bytes) -> None:
-        ev = self._events.get(handle)
+    def wait(self, handle: bytes, device: Optional[int] = None) -> None:
+        """The current stream of `device` (this Sender's or Receiver's by
+        default) waits for the interprocess event `handle`."""
+        device = self.device if device is None else device
+        ev = self._events.get((device, handle))
         if ev is None:
-            ev = _cuda.Event.from_ipc_handle(self.device, handle)
-            self._events[handle] = ev
-        torch.cuda.current_stream(self.device).wait_event(ev)
+            ev = _cuda.Event.from_ipc_handle(device, handle)
+            self._events[(device, handle)] = ev
+        torch.cuda.current_stream(device).wait_event(ev)
+
+    def forget(self, handles: Iterable[bytes]) -> None:
+        """Drop the events opened from these handles."""
+        gone = set(handles)
+        for k in [k for k in self._events if k[1] in gone]:
+            del self._events[k]
+
+
+class Channel:
+    """Messages one way and answers the other, over two queues: anything
+    with ``put(obj)`` and ``get(timeout=seconds)`` that raises an
+    exception named ``Empty`` when nothing came (``queue.Queue``,
+    ``multiprocessing`` queues, Ray's ``ray.util.queue.Queue``).  The
+    trainer's is ``Channel(to_engine, from_engine)``, the engine's
+    ``Channel(from_engine, to_engine)``."""
+
+    def __init__(self, outbox: Any, inbox: Any) -> None:
+        self.outbox = outbox
+        self.inbox = inbox
+
+    def put(self, obj: Any) -> None:
+        self.outbox.put(obj)
+
+    def get(self, timeout: Optional[float]) -> Any:
+        try:
+            return self.inbox.get(timeout=timeout)
+        except Exception as exc:
+            if type(exc).__name__ == "Empty":
+                raise TransferError(
+                    f"allocconf.transfer: nothing came from the peer "
+                    f"within {timeout} s (dead, or stuck)") from None
+            raise
+
+
+# ---------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------
+
+# A tensor's key in a plan: (name, dtype as given, dtype as sent, shape,
+# the name whose memory it shares or None, its own other names).
+_Key = Tuple[str, torch.dtype, torch.dtype, Tuple[int, ...], Optional[str],
+             Tuple[str, ...]]
+
+
+class _Plan:
+    """The sender's record of one layout: for each tensor its key, its
+    pieces (each with whether a bucket ends before it), and the layout's
+    state before it, so that a sync that stops following the plan goes on
+    from there."""
+
+    def __init__(self, capacity: int) -> None:
+        self.id = uuid.uuid4().hex
+        self.capacity = capacity
+        self.keys: List[_Key] = []
+        self.pieces: List[List[Tuple[bool, Entry]]] = []
+        self.before: List[Tuple[int, int]] = []
+        self.known = False  # the receiver holds every bucket of it
+
+    def place(self, layout: _Layout, key: _Key, numel: int,
+              capacity: int) -> List[Tuple[bool, Entry]]:
+        """Lay one more tensor out, with `layout` where the plan ends."""
+        name, given, sent, shape, alias, aliases = key
+        self.before.append((layout.fill, layout.count))
+        self.keys.append(key)
+        pieces: List[Tuple[bool, Entry]] = []
+        if alias is None:  # a tied name is sent under its first
+            nbytes = numel * _itemsize(sent)
+            if sent != given and nbytes > capacity:
+                raise ValueError(
+                    f"allocconf.transfer: {name!r} ({nbytes} bytes as "
+                    f"{_dtype_name(sent)}) is cast and larger than a buffer "
+                    f"({capacity} bytes): a cast tensor is not split")
+            brk = False
+            for e in layout.place(name, _dtype_name(sent), shape, nbytes,
+                                  aliases):
+                if e is None:
+                    brk = True
+                    continue
+                pieces.append((brk, e))
+                brk = False
+        self.pieces.append(pieces)
+        return pieces
+
+    def prefix(self, index: int, entries: List[Entry]) -> Tuple["_Plan",
+                                                                 _Layout]:
+        """A new plan that starts as this one's first `index` tensors, and
+        the layout's state there (`entries`: the bucket being packed)."""
+        new = _Plan(self.capacity)
+        new.keys = self.keys[:index]
+        new.pieces = self.pieces[:index]
+        new.before = self.before[:index]
+        if index < len(self.before):
+            fill, count = self.before[index]
+        else:  # after the last tensor: where the bucket ends
+            fill = entries[-1].offset + entries[-1].nbytes if entries else 0
+            count = len(entries)
+        return new, _Layout(self.capacity, fill, count)
+
+
+def _aliases(tensors: Mapping[str, Any]
+             ) -> Tuple[Dict[str, str], Dict[str, Tuple[str, ...]]]:
+    """The tied names of a state dict: which name each shares its memory
+    with (the first name of that memory), and each first name's others."""
+    first: Dict[Tuple[int, Any, Tuple[int, ...]], str] = {}
+    alias_of: Dict[str, str] = {}
+    others: Dict[str, Tuple[str, ...]] = {}
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.numel():
+            mem = (t.data_ptr(), t.dtype, tuple(t.shape))
+            f = first.setdefault(mem, name)
+            if f != name:
+                alias_of[name] = f
+                others[f] = others.get(f, ()) + (name,)
+    return alias_of, others
+
+
+class _Sync:
+    """One send()'s progress: the bucket being packed and its copies."""
+
+    def __init__(self, sync: int, views: Dict[Any, torch.Tensor]) -> None:
+        self.sync = sync
+        self.seq = 0
+        self.buf: Optional[int] = None
+        self.entries: List[Entry] = []
+        self.copies = _Copies(views)
+        self.sources: List[torch.Tensor] = []
+        self.ptrs: Set[int] = set()  # sources whose copy is queued
+        self.whole = True        # every message carried the final plan
 
 
 class Sender:
     """The trainer's side: `buffers` reusable buffers of `capacity` bytes
     each, allocated once, inside ipc_safe(), on `device` (the current CUDA
-    device by default)."""
+    device by default).  `timeout` (seconds) bounds every wait for the
+    receiver in :meth:`sync`."""
 
     def __init__(self, capacity: int = 1 << 30, buffers: int = 2, *,
-                 device: Optional[int] = None, _ops: Any = None) -> None:
+                 device: Optional[int] = None, timeout: float = 60.0,
+                 _ops: Any = None) -> None:
         if not isinstance(buffers, int) or buffers < 1:
             raise ValueError(f"allocconf.transfer: buffers must be an int "
                              f">= 1, got {buffers!r}")
         _Layout(capacity)  # validates it
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not timeout > 0):
+            raise ValueError(f"allocconf.transfer: timeout must be a "
+                             f"number of seconds > 0, got {timeout!r}")
         self.capacity = capacity
+        self.timeout = float(timeout)
         self._ops = _ops if _ops is not None else _Cuda(device)
         # Unique across processes and restarts: a receiver caches the
         # buffers it opened by this id, so a restarted trainer must not
@@ -326,9 +557,17 @@ class Sender:
         # buffer -> (sync, seq) it holds until acknowledged
         self._pending: Dict[int, Tuple[int, int]] = {}
         self._after: Dict[int, bytes] = {}   # buffer -> receiver's event
+        # buffer -> the sources copied into it, held until it is packed
+        # again (their copies are done by then: the receiver read them),
+        # so that a source its owner frees stays valid until copied.
+        self._held: Dict[int, List[torch.Tensor]] = {}
         self._sync = 0
         self._next = 0
         self._views: Dict[Any, torch.Tensor] = {}  # see _Copies
+        self._plan: Optional[_Plan] = None
+        self._teaching: Optional[Tuple[int, _Plan]] = None
+        self._aborted = 0  # syncs up to this one were given up
+        self._closed = False
 
     @property
     def buffers(self) -> Sequence[torch.Tensor]:
@@ -342,10 +581,14 @@ class Sender:
 
     def acknowledge(self, ack: Ack) -> None:
         """Take the receiver's Ack: its buffer may be packed again (after
-        the receiver's reads, which the sender's stream waits for)."""
+        the receiver's reads, which the sender's stream waits for).  An
+        Ack that says the receiver could not take the bucket raises
+        TransferError (the buffer is free again)."""
         if not isinstance(ack, Ack) or ack.sender != self.id:
             raise ValueError(f"allocconf.transfer: {ack!r} is not an Ack "
                              f"for this sender ({self.id})")
+        if ack.sync <= self._aborted:
+            return  # a late answer about a sync given up: nothing to do
         held = self._pending.get(ack.buffer)
         if held != (ack.sync, ack.seq):
             raise ValueError(
@@ -355,6 +598,18 @@ class Sender:
                    else "nothing unacknowledged"))
         del self._pending[ack.buffer]
         self._after[ack.buffer] = ack.event
+        if ack.error is not None:
+            if self._plan is not None:
+                self._plan.known = False  # teach it again next time
+            self._teaching = None
+            raise TransferError(f"allocconf.transfer: the receiver could "
+                                f"not take sync {ack.sync} bucket "
+                                f"{ack.seq}: {ack.error}")
+        if (self._teaching is not None and self._teaching[0] == ack.sync
+                and all(s != ack.sync for s, _ in self._pending.values())):
+            # Every bucket of the sync that carried the whole plan is in.
+            self._teaching[1].known = True
+            self._teaching = None
 
     def _take(self, receive_ack: Optional[Callable[[], Ack]]) -> int:
         b = self._next
@@ -370,135 +625,506 @@ class Sender:
         after = self._after.pop(b, None)
         if after:
             self._ops.wait(after)  # the receiver's reads come first
+        self._held.pop(b, None)
         return b
 
     def send(self, tensors: Union[Mapping[str, Any],
                                   Iterable[Tuple[str, Any]]], *,
-             receive_ack: Optional[Callable[[], Ack]] = None
-             ) -> Iterator[Message]:
+             receive_ack: Optional[Callable[[], Ack]] = None,
+             cast: Optional[Mapping[torch.dtype, torch.dtype]] = None,
+             eager: bool = False) -> Iterator[Message]:
         """Pack `tensors` (a state dict, or (name, tensor) pairs: a
         generator of gathered shards is consumed lazily) bucket after
         bucket; yield a Message for each.  When a buffer is still held by
         the receiver, its Ack is taken from `receive_ack()` (a blocking
-        call on the application's channel)."""
+        call on the application's channel).
+
+        `cast` maps a dtype to the one to send it as (``{torch.float32:
+        torch.bfloat16}`` for fp32 master weights and a bf16 engine),
+        converted as ``Tensor.to`` converts.  In a state dict, tensors
+        that share their memory (tied weights) are sent once and arrive
+        under every name.
+
+        The copies of a bucket run together, when it is full: a tensor
+        given must keep its values until then.  An iterable that refills
+        one tensor for every item (a gather into a scratch buffer) needs
+        ``eager=True``, which runs each item's copies before the next
+        item is asked for; without it, a tensor that comes back at an
+        address whose copy has not run raises ValueError instead of
+        sending what the refill wrote."""
+        if self._closed:
+            raise RuntimeError("allocconf.transfer: this Sender is closed")
+        casts = dict(cast or {})
+        for a, b in casts.items():
+            if not (isinstance(a, torch.dtype) and isinstance(b, torch.dtype)):
+                raise TypeError(f"allocconf.transfer: cast maps dtypes to "
+                                f"dtypes, got {a!r}: {b!r}")
+        items: Iterator[Tuple[str, Any]]
+        if isinstance(tensors, Mapping):
+            mapping = True
+            alias_of, others = _aliases(tensors)
+            items = iter(tensors.items())
+        else:
+            mapping = False
+            alias_of, others = {}, {}
+            items = iter(tensors)
         self._sync += 1
-        sync = self._sync
-        items = iter(tensors.items() if isinstance(tensors, Mapping)
-                     else tensors)
-        seq = 0
-        buf: Optional[int] = None
-        layout = _Layout(self.capacity)
-        copies = _Copies(self._views)
-        entries: List[Entry] = []
-
-        def flush(last: bool) -> Message:
-            nonlocal buf, seq, entries
-            assert buf is not None
-            copies.run()
-            ev, handle = self._events[buf]
-            self._ops.record(ev)
-            msg = Message(self.id, sync, seq, buf, tuple(entries), last,
-                          self._handles[buf], handle, self._ops.device)
-            self._pending[buf] = (sync, seq)
-            seq += 1
-            buf, entries = None, []
-            return msg
-
+        s = _Sync(self._sync, self._views)
+        old = self._plan
+        # Follow the last plan while the tensors match it; else make one.
+        p = old if old is not None and old.capacity == self.capacity else None
+        follow = p is not None
+        if p is None:
+            p = _Plan(self.capacity)
+        layout: Optional[_Layout] = None if follow else _Layout(self.capacity)
+        device = self._ops.torch_device
+        index = 0
         try:
-            for name, t in items:
-                _check(name, t, self._ops.torch_device)
-                for e in layout.place(name, _dtype_name(t.dtype),
-                                      tuple(t.shape),
-                                      t.numel() * t.element_size()):
-                    if e is None:
-                        yield flush(False)
-                        continue
-                    if buf is None:
-                        buf = self._take(receive_ack)
-                    entries.append(e)
+            for name, item in items:
+                _check(name, item, device)
+                t: torch.Tensor = item
+                key: _Key = (name, t.dtype, casts.get(t.dtype, t.dtype),
+                             tuple(t.shape), alias_of.get(name),
+                             others.get(name, ()))
+                if follow and not (index < len(p.keys)
+                                   and p.keys[index] == key):
+                    follow = False  # the layout changed: a new plan here
+                    p, layout = p.prefix(index, s.entries)
+                    s.whole = False
+                if follow:
+                    pieces = p.pieces[index]
+                else:
+                    assert layout is not None
+                    pieces = p.place(layout, key, t.numel(), self.capacity)
+                index += 1
+                if not mapping and t.numel():
+                    if t.data_ptr() in s.ptrs:
+                        raise ValueError(
+                            f"allocconf.transfer: {name!r} is at the address "
+                            f"of an earlier tensor whose copy has not run: a "
+                            f"source that refills one tensor must be sent "
+                            f"with eager=True (tied tensors are sent once "
+                            f"from a state dict)")
+                    s.ptrs.add(t.data_ptr())
+                for brk, e in pieces:
+                    if brk:
+                        yield self._flush(s, False, p)
+                    if s.buf is None:
+                        s.buf = self._take(receive_ack)
+                    s.entries.append(e)
                     if e.nbytes:
-                        copies.add(buf, self._buffers[buf], e, t, True)
-            if buf is None:
-                buf = self._take(receive_ack)  # an empty sync still says so
-            yield flush(True)
+                        s.copies.add(s.buf, self._buffers[s.buf], e, t,
+                                     True)
+                        s.sources.append(t)
+                if eager:
+                    self._run(s)
+            if follow and index != len(p.keys):
+                p, layout = p.prefix(index, s.entries)  # fewer tensors
+                s.whole = False
+            if s.buf is None:
+                s.buf = self._take(receive_ack)  # an empty sync still says so
+            self._plan = p
+            yield self._flush(s, True, p)
         finally:
-            if buf is not None and buf not in self._pending:
+            if s.buf is not None and s.buf not in self._pending:
                 # Taken but never sent (the source raised, or the caller
                 # stopped): free again, nothing for the receiver to ack.
-                self._next = buf
+                self._next = s.buf
+
+    def _run(self, s: _Sync, event: Any = None) -> None:
+        """Run the queued copies on the copy stream, after the sources'
+        producers, and record `event` there; the sources are held with the
+        buffer.  Without an event (a source about to be refilled), the
+        producer's stream waits for the copies."""
+        with self._ops.begin():
+            s.copies.run()
+            if event is not None:
+                self._ops.record(event)
+        if event is None:
+            self._ops.done()
+        if s.buf is not None:
+            self._held.setdefault(s.buf, []).extend(s.sources)
+        s.sources, s.ptrs = [], set()
+
+    def _flush(self, s: _Sync, last: bool, p: _Plan) -> Message:
+        assert s.buf is not None
+        ev, handle = self._events[s.buf]
+        self._run(s, ev)
+        msg = Message(self.id, s.sync, s.seq, s.buf, last,
+                      self._handles[s.buf], handle, self._ops.uuid, p.id,
+                      None if p.known else tuple(s.entries))
+        if p.known:
+            s.whole = False  # nothing to teach in this sync
+        self._pending[s.buf] = (s.sync, s.seq)
+        if last and s.whole:
+            self._teaching = (s.sync, p)
+        s.seq += 1
+        s.buf, s.entries = None, []
+        return msg
 
     def drain(self, receive_ack: Callable[[], Ack]) -> None:
         """Take Acks until every bucket sent has been acknowledged."""
         while self._pending:
             self.acknowledge(receive_ack())
 
+    def sync(self, tensors: Union[Mapping[str, Any],
+                                  Iterable[Tuple[str, Any]]],
+             channel: Channel, *,
+             cast: Optional[Mapping[torch.dtype, torch.dtype]] = None,
+             eager: bool = False, timeout: Optional[float] = None) -> int:
+        """One whole sync over `channel`: every bucket put, every Ack
+        taken, each wait for the receiver bounded by `timeout` seconds
+        (the Sender's by default).  Returns the buckets sent.  A receiver
+        that stays silent raises TransferError, as does one that could
+        not take a bucket; on any error the sync is aborted (the receiver
+        told, when it can hear) and the sender is usable again."""
+        wait = self.timeout if timeout is None else float(timeout)
+
+        def receive_ack() -> Ack:
+            ack: Ack = channel.get(wait)
+            return ack
+
+        sent = 0
+        try:
+            for msg in self.send(tensors, receive_ack=receive_ack,
+                                 cast=cast, eager=eager):
+                channel.put(msg)
+                sent += 1
+            self.drain(receive_ack)
+        except BaseException:
+            self.abort(channel)
+            raise
+        return sent
+
+    def abort(self, channel: Optional[Channel] = None) -> None:
+        """Give up on the buckets not acknowledged (the receiver is dead,
+        or will not answer): the sender is usable again, and teaches the
+        receiver its plan anew.  With a channel, the receiver is told that
+        the sync ended early, so that it never takes it for whole."""
+        self._aborted = self._sync
+        self._pending.clear()
+        self._after.clear()
+        self._held.clear()
+        self._teaching = None
+        if self._plan is not None:
+            self._plan.known = False
+        if channel is not None:
+            self._notice(channel, "abort")
+
+    def _notice(self, channel: Channel, kind: str) -> None:
+        """Tell the receiver, if it can hear (a dead one cannot)."""
+        ev, handle = self._events[0] if self._events else (None, b"")
+        try:
+            channel.put(Message(self.id, self._sync, -1, -1, True, None,
+                                handle, self._ops.uuid, "", None, kind))
+        except Exception:
+            pass
+
+    def close(self, channel: Optional[Channel] = None) -> None:
+        """Free the buffers; with a channel, tell the receiver first, so
+        that it lets go of its mappings of them."""
+        if self._closed:
+            return
+        if channel is not None:
+            self._notice(channel, "close")
+        self._closed = True
+        self._pending.clear()
+        self._held.clear()
+        self._views.clear()
+        self._buffers, self._handles, self._events = [], [], []
+
+
+class _Bucket:
+    """What a receiver keeps per (sender, plan, bucket, buffer): the
+    bucket's entries, and the views or bound copies made for it."""
+
+    def __init__(self, entries: Tuple[Entry, ...]) -> None:
+        self.entries = entries
+        self.views: Optional[List[Tuple[Entry, torch.Tensor]]] = None
+        self.bound: Optional[_Copies] = None
+
 
 class Receiver:
     """The engine's side: opens each sender buffer's handle once (cached),
-    and for each Message waits on its event on the current stream."""
+    on its own device for the sender's GPU (matched by UUID, whatever
+    CUDA_VISIBLE_DEVICES numbers it), and for each Message waits on its
+    event on the current stream.  It serves one sender at a time: the
+    first message of a new one (a restarted trainer) makes it let go of
+    the old one's buffers."""
 
     def __init__(self, device: Optional[int] = None, *,
                  _ops: Any = None) -> None:
         self._ops = _ops if _ops is not None else _Cuda(device)
         self._buffers: Dict[Tuple[str, int], torch.Tensor] = {}
         self._events: Dict[Tuple[str, int], Tuple[Any, bytes]] = {}
+        self._plans: Dict[Tuple[str, str], Dict[int, Tuple[Entry, ...]]] = {}
+        self._buckets: Dict[Tuple[str, str, int, int], _Bucket] = {}
         self._views: Dict[Any, torch.Tensor] = {}  # see _Copies
+        self._whole: Dict[Tuple[str, str], torch.Tensor] = {}  # reassembly
+        self._seen: Dict[str, Set[bytes]] = {}  # sender -> event handles
+        self._bound: Optional[Mapping[str, torch.Tensor]] = None
+        #: The sync being received (None between syncs).
+        self.sync: Optional[int] = None
+        #: The last sync received whole: an engine that sees sync != None
+        #: or complete behind the trainer's count holds a partial update.
+        self.complete: Optional[int] = None
+
+    # -- buffers and plans ---------------------------------------------
 
     def _buffer(self, msg: Message) -> torch.Tensor:
         key = (msg.sender, msg.buffer)
         buf = self._buffers.get(key)
         if buf is None:
-            buf = self._buffers[key] = self._ops.open(msg.handle)
+            for old in {s for s, _ in self._buffers} - {msg.sender}:
+                self.forget(old)  # a new trainer: let go of the old one
+            buf = self._buffers[key] = self._ops.open(
+                msg.handle, self._ops.local(msg.device))
         return buf
 
-    def _ack(self, msg: Message) -> Ack:
+    def _entries(self, msg: Message) -> Tuple[Entry, ...]:
+        plan = self._plans.setdefault((msg.sender, msg.plan), {})
+        if msg.entries is not None:
+            plan[msg.seq] = msg.entries
+            return msg.entries
+        got = plan.get(msg.seq)
+        if got is None:
+            raise TransferError(
+                f"allocconf.transfer: bucket {msg.seq} of plan {msg.plan} "
+                f"(sender {msg.sender}) is not known here: this receiver "
+                f"did not see the sync that carried it")
+        return got
+
+    def _bucket(self, msg: Message) -> _Bucket:
+        if msg.kind != "bucket":
+            raise ValueError(f"allocconf.transfer: a {msg.kind!r} message "
+                             f"holds no bucket")
+        self.sync = msg.sync
+        entries = self._entries(msg)
+        key = (msg.sender, msg.plan, msg.seq, msg.buffer)
+        b = self._buckets.get(key)
+        if b is None or b.entries is not entries:
+            if len(self._buckets) >= _Copies.LIMIT:
+                self._buckets.clear()
+            b = self._buckets[key] = _Bucket(entries)
+        return b
+
+    def _wait(self, msg: Message) -> None:
+        self._ops.wait(msg.event, self._ops.local(msg.device))
+        self._seen.setdefault(msg.sender, set()).add(msg.event)
+
+    def _ack(self, msg: Message, error: Optional[str] = None) -> Ack:
         key = (msg.sender, msg.buffer)
         if key not in self._events:
             self._events[key] = self._ops.event()
         ev, handle = self._events[key]
         self._ops.record(ev)
-        return Ack(msg.sender, msg.sync, msg.seq, msg.buffer, handle)
+        if error is not None:
+            self.sync = msg.sync  # what was taken of it stays partial
+        elif msg.last:
+            self.complete, self.sync = msg.sync, None
+        return Ack(msg.sender, msg.sync, msg.seq, msg.buffer, handle, error)
+
+    # -- taking a bucket -------------------------------------------------
+
+    def bind(self, targets: Optional[Mapping[str, torch.Tensor]]) -> None:
+        """Where `load(msg)` copies to from now on: the engine's tensors
+        by name, checked and turned into copies once per bucket layout.
+        Bind again after the engine allocates its weights anew (a
+        reload): the copies made for the old ones are dropped."""
+        self._bound = targets
+        for b in self._buckets.values():
+            b.bound = None
 
     def views(self, msg: Message) -> Dict[str, torch.Tensor]:
-        """Zero-copy views into the sender's buffer, by name, valid until
-        release(msg).  Tensors split across buckets have no view here."""
-        split = [e.name for e in msg.entries if not e.whole]
+        """Zero-copy views into the sender's buffer, by name (tied names
+        each), valid until release(msg).  A tensor split across buckets
+        has no view here: named_tensors() reassembles it."""
+        b = self._bucket(msg)
+        split = [e.name for e in b.entries if not e.whole]
         if split:
             raise ValueError(
                 f"allocconf.transfer: {', '.join(map(repr, split))} "
                 f"{'is' if len(split) == 1 else 'are'} split across "
-                f"buckets (larger than a buffer); use load(msg, into=...)")
+                f"buckets (larger than a buffer); use named_tensors(msg) or "
+                f"load(msg, into=...)")
+        out = dict(self._views_of(msg, b))
+        self._wait(msg)
+        return out
+
+    def _views_of(self, msg: Message,
+                  b: _Bucket) -> List[Tuple[str, torch.Tensor]]:
+        if b.views is None:
+            buf = self._buffer(msg)
+            b.views = [(e, _piece(buf, e).view(_dtype(e.dtype))
+                        .view(e.shape)) for e in b.entries if e.whole]
+        return [(n, v) for e, v in b.views for n in (e.name,) + e.aliases]
+
+    def named_tensors(self, msg: Message
+                      ) -> Iterator[Tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` for each tensor complete in this bucket, as
+        an engine's ``load_weights`` takes them (vLLM, SGLang): zero-copy
+        views into the sender's buffer, valid until ``release(msg)``.  A
+        tensor split across buckets is reassembled into a tensor of the
+        receiver's (reused by the next sync) and comes with its last
+        piece.  Tied names come each, with the same tensor."""
+        b = self._bucket(msg)
         buf = self._buffer(msg)
-        self._ops.wait(msg.event)
-        return {e.name: _piece(buf, e).view(_dtype(e.dtype)).view(e.shape)
-                for e in msg.entries}
+        views = self._views_of(msg, b)
+        self._wait(msg)
+        copies = _Copies(self._views)
+        done: List[Tuple[Entry, torch.Tensor]] = []
+        for e in b.entries:
+            if e.whole:
+                continue
+            key = (msg.sender, e.name)
+            whole = self._whole.get(key)
+            if whole is None or whole.numel() != e.size:
+                whole = self._whole[key] = torch.empty(
+                    e.size, dtype=torch.uint8, device=buf.device)
+            flat = whole.view(_dtype(e.dtype))
+            copies.add((msg.sender, msg.buffer), buf, e, flat, False)
+            if e.ends:
+                done.append((e, flat.view(e.shape)))
+        copies.run()
+        out = views + [(n, t) for e, t in done
+                       for n in (e.name,) + e.aliases]
+        return iter(out)
 
     def release(self, msg: Message) -> Ack:
         """The Ack for `msg` once the work queued on the current stream
         (reading its views) is done."""
         return self._ack(msg)
 
-    def load(self, msg: Message, into: Mapping[str, torch.Tensor]) -> Ack:
+    def load(self, msg: Message,
+             into: Optional[Mapping[str, torch.Tensor]] = None) -> Ack:
         """Copy each tensor of `msg` into ``into[name]`` (same dtype, shape,
-        contiguous; checked before anything is copied), and return the
-        Ack."""
+        contiguous; checked before anything is copied), or into the
+        targets bound with bind() when `into` is not given, and return
+        the Ack.  A tensor's other names (tied weights) get it too where
+        `into` holds another tensor under them."""
+        b = self._bucket(msg)
+        bound = into is None or into is self._bound
+        targets = self._bound if into is None else into
+        if targets is None:
+            raise ValueError("allocconf.transfer: load() needs into=, or "
+                             "targets bound with bind()")
+        copies = b.bound if bound else None
+        if copies is None:
+            copies = self._copies(msg, b, targets)
+            if bound:
+                b.bound = copies
+        self._wait(msg)
+        copies.run(keep=bound)
+        return self._ack(msg)
+
+    def _copies(self, msg: Message, b: _Bucket,
+                targets: Mapping[str, torch.Tensor]) -> _Copies:
+        """The copies of bucket `b` into `targets`, every one checked."""
         buf = self._buffer(msg)
         key = (msg.sender, msg.buffer)
         copies = _Copies(self._views)
-        for e in msg.entries:
-            t = into.get(e.name) if hasattr(into, "get") else None
-            if t is None:
-                raise KeyError(f"allocconf.transfer: {e.name!r} is not in "
-                               f"`into`")
-            if (_dtype_name(t.dtype) != e.dtype or tuple(t.shape) != e.shape
-                    or not t.is_contiguous()):
-                raise ValueError(
-                    f"allocconf.transfer: {e.name!r} is "
-                    f"{_dtype_name(t.dtype)}{list(t.shape)}"
-                    f"{'' if t.is_contiguous() else ' (not contiguous)'}; "
-                    f"the sender sent {e.dtype}{list(e.shape)}")
-            if e.nbytes:
-                copies.add(key, buf, e, t, False)
-        self._ops.wait(msg.event)
-        copies.run()
-        return self._ack(msg)
+        get = targets.get if hasattr(targets, "get") else (lambda n: None)
+        for e in b.entries:
+            first = get(e.name)
+            for name in (e.name,) + e.aliases:
+                t = get(name)
+                if t is None:
+                    if name != e.name:
+                        continue  # a tied name the engine does not keep
+                    raise KeyError(f"allocconf.transfer: {e.name!r} is not "
+                                   f"in `into`")
+                if name != e.name and t is first:
+                    continue  # tied in the engine too
+                if (_dtype_name(t.dtype) != e.dtype
+                        or tuple(t.shape) != e.shape
+                        or not t.is_contiguous()):
+                    raise ValueError(
+                        f"allocconf.transfer: {name!r} is "
+                        f"{_dtype_name(t.dtype)}{list(t.shape)}"
+                        f"{'' if t.is_contiguous() else ' (not contiguous)'}"
+                        f"; the sender sent {e.dtype}{list(e.shape)}")
+                if e.nbytes:
+                    copies.add(key, buf, e, t, False)
+        return copies
+
+    def serve(self, channel: Channel, *,
+              into: Optional[Mapping[str, torch.Tensor]] = None,
+              load_weights: Optional[Callable[[Iterable[Tuple[
+                  str, torch.Tensor]]], Any]] = None,
+              timeout: Optional[float] = 60.0) -> SyncResult:
+        """Take one whole sync from `channel`: each bucket loaded (into
+        `into`, or the bound targets; or handed to `load_weights` as
+        named tensors) and acknowledged, up to the sync's last.  Returns
+        a SyncResult whose ``complete`` is False when the sender aborted
+        the sync.  A sender silent for `timeout` seconds raises
+        TransferError; a bucket that cannot be taken is answered with an
+        Ack that says why (the sender raises it) and raises here too.
+        Either way the sync stays partial (``receiver.sync`` names it)."""
+        buckets = tensors = 0
+        sync: Optional[int] = None
+        while True:
+            msg: Message = channel.get(timeout)
+            if msg.kind == "close":
+                self.forget(msg.sender)
+                continue
+            if msg.kind == "abort":
+                return SyncResult(msg.sync, False, buckets, tensors)
+            if sync is not None and msg.sync != sync:
+                raise TransferError(
+                    f"allocconf.transfer: sync {msg.sync} began before sync "
+                    f"{sync} ended")
+            sync = msg.sync
+            try:
+                if load_weights is not None:
+                    batch = list(self.named_tensors(msg))
+                    load_weights(batch)
+                    tensors += len(batch)
+                    ack = self.release(msg)
+                else:
+                    ack = self.load(msg, into)
+                    tensors += len(self._entries(msg))
+            except Exception as exc:
+                channel.put(self._ack(msg, f"{type(exc).__name__}: {exc}"))
+                self._refuse_rest(channel, msg, timeout)
+                raise
+            channel.put(ack)
+            buckets += 1
+            if msg.last:
+                return SyncResult(msg.sync, True, buckets, tensors)
+
+    def _refuse_rest(self, channel: Channel, failed: Message,
+                     timeout: Optional[float]) -> None:
+        """After a bucket failed: answer the rest of its sync with an
+        error too, up to its end, so that the channel holds nothing of it
+        for the next sync."""
+        msg = failed
+        while not msg.last:
+            try:
+                msg = channel.get(timeout)
+            except TransferError:
+                return  # the sender is gone: nothing more will come
+            if msg.kind != "bucket" or msg.sync != failed.sync:
+                return
+            channel.put(self._ack(msg, f"bucket {failed.seq} of this sync "
+                                       f"failed"))
+
+    # -- letting go ------------------------------------------------------
+
+    def forget(self, sender: str) -> None:
+        """Let go of everything of `sender`'s: its buffers' mappings,
+        events, plans and copies (a trainer that closed or restarted)."""
+        tables: Tuple[Dict[Any, Any], ...] = (
+            self._buffers, self._events, self._plans, self._buckets,
+            self._whole)
+        for table in tables:
+            for key in [k for k in table if k[0] == sender]:
+                del table[key]
+        self._views = {k: v for k, v in self._views.items()
+                       if not (isinstance(k[0], tuple) and k[0][0] == sender)}
+        self._ops.forget(self._seen.pop(sender, ()))
+
+    def close(self) -> None:
+        """Let go of every sender's buffers."""
+        for sender in ({s for s, _ in self._buffers} | set(self._seen)):
+            self.forget(sender)
+        self._bound = None

@@ -1,11 +1,15 @@
 """A stand-in for allocconf.transfer's CUDA operations, for the CPU tests:
 buffers are CPU tensors found by key in this process (the "transport"),
-events are names, and every record and wait is logged in order, so the
-protocol (which buffer, which Ack, what waits for what) is checked without
-a GPU.  The GPU tests (tests/gpu/test_transfer.py) prove the real thing."""
+events are names, GPUs are UUID strings, and every record, wait, open and
+copy-stream step is logged in order, so the protocol (which buffer, which
+Ack, what waits for what) is checked without a GPU.  The GPU tests
+(tests/gpu/test_transfer_gpu.py) prove the real thing."""
+import contextlib
 import itertools
 
 import torch
+
+from allocconf.transfer import TransferError
 
 _BUFFERS = {}
 _keys = itertools.count()
@@ -15,8 +19,19 @@ class HostOps:
     device = -1
     torch_device = torch.device("cpu")
 
-    def __init__(self, log=None):
+    def __init__(self, log=None, uuid="host-gpu-0", visible=None):
         self.log = [] if log is None else log
+        self.uuid = uuid
+        # The GPUs this "process" sees, in its own numbering.
+        self.visible = [uuid] if visible is None else list(visible)
+        self.forgotten = []
+
+    def local(self, uuid):
+        if uuid not in self.visible:
+            raise TransferError(f"allocconf.transfer: the sender's GPU "
+                                f"({uuid}) is not among the "
+                                f"{len(self.visible)} this process sees")
+        return self.visible.index(uuid)
 
     def alloc(self, nbytes):
         return torch.empty(nbytes, dtype=torch.uint8)
@@ -26,16 +41,26 @@ class HostOps:
         _BUFFERS[key] = buf
         return ("host", key)
 
-    def open(self, handle):
-        self.log.append(("open", handle))
+    def open(self, handle, device):
+        self.log.append(("open", handle, device))
         return _BUFFERS[handle[1]]
 
     def event(self):
         name = f"ev{next(_keys)}".encode()
         return name, name
 
+    def begin(self):
+        self.log.append(("begin",))
+        return contextlib.nullcontext()
+
+    def done(self):
+        self.log.append(("done",))
+
     def record(self, ev):
         self.log.append(("record", ev))
 
-    def wait(self, handle):
+    def wait(self, handle, device=None):
         self.log.append(("wait", handle))
+
+    def forget(self, handles):
+        self.forgotten.extend(handles)
