@@ -424,7 +424,9 @@ class Channel:
         try:
             return self.inbox.get(timeout=timeout)
         except Exception as exc:
-            if type(exc).__name__ == "Empty":
+            # queue.Empty, and Ray's (raised through a RayTaskError that
+            # subclasses it).
+            if any(c.__name__ == "Empty" for c in type(exc).__mro__):
                 raise TransferError(
                     f"allocconf.transfer: nothing came from the peer "
                     f"within {timeout} s (dead, or stuck)") from None
