@@ -268,13 +268,20 @@ def test_a_cast_while_packing_is_bit_exact_to_tensor_to(route, monkeypatch):
         assert same_bits(want, dst[k]), k
 
 
-def test_a_cast_tensor_larger_than_a_buffer_is_refused_by_name():
-    sender, _, _ = pair(transfer.ALIGN)
-    with pytest.raises(ValueError, match="'big' .* is cast and larger than "
-                       "a buffer"):
-        list(sender.send({"big": torch.zeros(1000)},
-                         cast={torch.float32: torch.bfloat16}))
-    assert sender.pending == 0
+@pytest.mark.parametrize("capacity", [transfer.ALIGN, 1001])
+def test_a_cast_tensor_larger_than_a_buffer_is_split_and_exact(capacity):
+    sender, receiver, _ = pair(capacity)
+    src = {"big": torch.randn(1000) * 7, "odd": torch.randn(3)}
+    want = {k: v.to(torch.bfloat16) for k, v in src.items()}
+    got, acks = {}, []
+    for msg in sender.send(src, receive_ack=acks.pop,
+                           cast={torch.float32: torch.bfloat16}):
+        for e in msg.entries:
+            assert e.nbytes % 2 == 0  # whole bf16 elements in each piece
+        got.update({k: v.clone() for k, v in receiver.named_tensors(msg)})
+        acks.insert(0, receiver.release(msg))
+    sender.drain(acks.pop)
+    assert all(same_bits(want[k], got[k]) for k in src)
 
 
 # -- one call a sync, and the faults ------------------------------------------------

@@ -147,10 +147,11 @@ class _Layout:
         self.count = count  # entries in it
 
     def place(self, name: str, dtype: str, shape: Tuple[int, ...],
-              nbytes: int, aliases: Tuple[str, ...] = ()
+              nbytes: int, aliases: Tuple[str, ...] = (), itemsize: int = 1
               ) -> Iterator[Optional[Entry]]:
         """Yield the tensor's entries, and None wherever a new bucket
-        begins before the next one."""
+        begins before the next one.  A piece holds whole elements of
+        `itemsize` bytes."""
         start = 0
         while True:
             left = nbytes - start
@@ -158,7 +159,7 @@ class _Layout:
             if left > self.capacity - off and self.count:
                 yield None
                 self.fill = self.count = off = 0
-            piece = min(left, self.capacity - off)
+            piece = min(left, (self.capacity - off) // itemsize * itemsize)
             yield Entry(name, dtype, shape, off, piece, start,
                         -1 if piece == nbytes else nbytes, aliases)
             self.count += 1
@@ -278,10 +279,15 @@ class _Copies:
         """Queue the copy of entry `e` of tensor `t` between `buf` (known
         as `key`) and `t`: into the buffer, or out of it."""
         big = e.nbytes >= self.BIG
-        cast = _dtype_name(t.dtype) != e.dtype
-        if cast:  # whole by construction: a cast tensor is never split
-            theirs = self._theirs(key, buf, e, _dtype(e.dtype), True)
-            mine = t
+        if _dtype_name(t.dtype) != e.dtype:  # a cast: typed, converting
+            sent = _dtype(e.dtype)
+            theirs = self._theirs(key, buf, e, sent, e.whole)
+            if e.whole:
+                mine = t
+            else:  # a piece holds whole elements (_Layout.place)
+                size = _itemsize(sent)
+                mine = t.reshape(-1)[e.start // size:
+                                     (e.start + e.nbytes) // size]
         else:
             typed = big and e.whole  # copied as itself: copy_ is a memcpy
             if typed:
@@ -457,23 +463,18 @@ class _Plan:
         self.before: List[Tuple[int, int]] = []
         self.known = False  # the receiver holds every bucket of it
 
-    def place(self, layout: _Layout, key: _Key, numel: int,
-              capacity: int) -> List[Tuple[bool, Entry]]:
+    def place(self, layout: _Layout, key: _Key,
+              numel: int) -> List[Tuple[bool, Entry]]:
         """Lay one more tensor out, with `layout` where the plan ends."""
         name, given, sent, shape, alias, aliases = key
         self.before.append((layout.fill, layout.count))
         self.keys.append(key)
         pieces: List[Tuple[bool, Entry]] = []
         if alias is None:  # a tied name is sent under its first
-            nbytes = numel * _itemsize(sent)
-            if sent != given and nbytes > capacity:
-                raise ValueError(
-                    f"allocconf.transfer: {name!r} ({nbytes} bytes as "
-                    f"{_dtype_name(sent)}) is cast and larger than a buffer "
-                    f"({capacity} bytes): a cast tensor is not split")
             brk = False
-            for e in layout.place(name, _dtype_name(sent), shape, nbytes,
-                                  aliases):
+            for e in layout.place(name, _dtype_name(sent), shape,
+                                  numel * _itemsize(sent), aliases,
+                                  _itemsize(sent)):
                 if e is None:
                     brk = True
                     continue
@@ -697,7 +698,7 @@ class Sender:
                     pieces = p.pieces[index]
                 else:
                     assert layout is not None
-                    pieces = p.place(layout, key, t.numel(), self.capacity)
+                    pieces = p.place(layout, key, t.numel())
                 index += 1
                 if not mapping and t.numel():
                     if t.data_ptr() in s.ptrs:

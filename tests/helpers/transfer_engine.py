@@ -41,3 +41,51 @@ def engine(spec, inbox, outbox, mode="load"):
             for n, v in receiver.views(msg).items():
                 seen[n] = v.clone()
             outbox.put(receiver.release(msg))
+
+
+def engine_process(ctl_in, ctl_out, to_engine, to_trainer, paths, layers,
+                   hidden, vocab):
+    """A spawned inference engine for the GPU tests of issue 25: the
+    vLLM-style stand-in of examples/engine_standin.py, in bf16 on this
+    process's GPU, driven by commands on `ctl_in`: "serve" (one whole sync
+    from the data channel, through load_weights), "check" (compare with
+    the CPU state dict that follows), "memory", "take" (one message: a
+    close lets go of the sender), None (exit).  Answers on `ctl_out`."""
+    import sys
+
+    sys.path[:0] = paths
+    import torch
+    from allocconf.transfer import Channel, Receiver
+    from engine_standin import Engine
+
+    engine = Engine(layers, hidden, vocab, dtype=torch.bfloat16,
+                    device="cuda")
+    receiver = Receiver()
+    channel = Channel(to_trainer, to_engine)
+    while True:
+        cmd = ctl_in.get()
+        if cmd is None:
+            return
+        try:
+            if cmd == "serve":
+                r = receiver.serve(channel,
+                                   load_weights=engine.load_weights,
+                                   timeout=120)
+                torch.cuda.synchronize()
+                out = [r.complete, r.buckets, receiver.complete]
+            elif cmd == "check":
+                out = engine.matches(ctl_in.get())
+            elif cmd == "memory":
+                torch.cuda.synchronize()
+                out = [torch.cuda.memory_allocated(),
+                       len(receiver._buffers)]
+            elif cmd == "take":
+                msg = channel.get(60)
+                if msg.kind == "close":
+                    receiver.forget(msg.sender)
+                out = [msg.kind, len(receiver._buffers)]
+            else:
+                out = f"unknown command {cmd!r}"
+        except Exception as exc:
+            out = f"{type(exc).__name__}: {exc}"
+        ctl_out.put(out)
