@@ -1,22 +1,28 @@
-"""How to copy many tensors into one flat buffer on the GPU fastest: the
-question behind allocconf.transfer's packing (and its receiver's load).
+"""How to copy many tensors into one flat buffer on the GPU, and out of it
+again, fastest: the question behind allocconf.transfer's packing (the
+trainer's copy into a bucket) and its receiver's load (the copy out).
 
-For the weights of --model uniform (8 GiB of bf16 in 512 tensors) and
-llama8b (the shapes of an 8B Llama-style model, 15 GiB), each copied into
-one classic flat buffer, in the same run:
+For the weights of --model uniform (512 bf16 tensors of 0.1, 2 and 8 GiB
+in all) and llama8b (the shapes of an 8B Llama-style model, 15 GiB),
+each way in the same run, into one classic flat buffer ("in") or out of
+it into the tensors ("out"):
 
-  foreach      one torch._foreach_copy_ over all the tensors, as bf16
-               (not bit for bit: its kernel rounds through float)
-  foreach-int  the same over the tensors seen as int64 (bit for bit)
+  reference    one copy_ of a single tensor of the same total bytes
   copy_        one Tensor.copy_ per tensor (cudaMemcpyAsync, device to
                device)
-  split:N      copy_ for tensors of at least N bytes, one _foreach_copy_
-               as int64 for the smaller ones (allocconf.transfer's way)
-  reference    one copy_ of a single tensor of the same total bytes
+  foreach-int  one torch._foreach_copy_ over the tensors seen as int64
+               (bit for bit; as bf16 its kernel rounds through float)
+  cat          in: one torch.cat(out=) of the tensors seen as int64
+  split-copy   out: one torch.split_with_sizes_copy(out=) of the buffer
+               seen as int64
+  graph        the copy_ per tensor captured once in a CUDA graph, each
+               sync one replay
 
-Each is checked (the buffer zeroed, copied once, compared), then timed:
-median of 5 after one warm-up; GB/s counts the bytes copied.  Writes
-copy_methods.json.
+Every view a method needs is made before it is timed (a sync that
+follows its plan makes none).  Each is checked (the destination zeroed,
+copied once, compared), then timed: median of 5 after one warm-up, each
+between two device synchronisations; "launch" is the host's time to
+queue it.  GB/s counts the bytes copied.  Writes copy_methods.json.
 
 Usage: python benchmarks/copy_methods.py [--out DIR]
 """
@@ -24,83 +30,123 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Dict, List
+import time
+from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import allocconf  # noqa: E402  (the weights in expandable segments)
 import torch  # noqa: E402
 
-from common import cuda_median, machine, out_dir_arg, save  # noqa: E402
+from common import cuda_median, machine, median, out_dir_arg, save  # noqa: E402
 from ipc_sync import llama8b_shapes  # noqa: E402
 
 GiB = 1 << 30
-SPLITS = [4 << 20, 16 << 20, 32 << 20, 64 << 20]
 
 
-def methods(src: List[torch.Tensor], dst: List[torch.Tensor],
-            flat: torch.Tensor, whole: torch.Tensor
-            ) -> Dict[str, Callable[[], None]]:
-    def foreach() -> None:
-        torch._foreach_copy_(dst, src)
+def as_int(ts: List[torch.Tensor]) -> List[torch.Tensor]:
+    return [t.view(-1).view(torch.int64) for t in ts]
 
-    def as_int(ts: List[torch.Tensor]) -> List[torch.Tensor]:
-        return [t.view(-1).view(torch.int64) for t in ts]
 
-    def foreach_int() -> None:
-        torch._foreach_copy_(as_int(dst), as_int(src))
+def graphed(fn: Callable[[], None]) -> Callable[[], None]:
+    """fn captured once in a CUDA graph; the result replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        fn()
+    return g.replay
+
+
+def methods(tensors: List[torch.Tensor], flat: torch.Tensor,
+            whole: torch.Tensor, way: str) -> Dict[str, Callable[[], None]]:
+    parts = [v.view(t.shape) for v, t in
+             zip(flat.split([t.numel() for t in tensors]), tensors)]
+    src, dst = (tensors, parts) if way == "in" else (parts, tensors)
+    isrc, idst = as_int(src), as_int(dst)
+    flat_int = flat.view(torch.int64)
+    sizes = [t.numel() for t in idst] if way == "out" else []
+    pairs: List[Tuple[torch.Tensor, torch.Tensor]] = list(zip(dst, src))
 
     def each() -> None:
-        for d, s in zip(dst, src):
+        for d, s in pairs:
             d.copy_(s)
 
-    def split(n: int) -> Callable[[], None]:
-        big = [(d, s) for d, s in zip(dst, src)
-               if s.numel() * s.element_size() >= n]
-        small = [(d, s) for d, s in zip(dst, src)
-                 if s.numel() * s.element_size() < n]
-
-        def run() -> None:
-            for d, s in big:
-                d.copy_(s)
-            if small:
-                torch._foreach_copy_(as_int([d for d, _ in small]),
-                                     as_int([s for _, s in small]))
-        return run
-
-    out = {"foreach": foreach, "foreach-int": foreach_int, "copy_": each}
-    out.update({f"split:{n >> 20}MiB": split(n) for n in SPLITS})
-    out["reference"] = lambda: flat.copy_(whole)
+    out: Dict[str, Callable[[], None]] = {
+        "reference": (lambda: flat.copy_(whole)) if way == "in"
+        else (lambda: whole.copy_(flat)),
+        "copy_": each,
+        "foreach-int": lambda: torch._foreach_copy_(idst, isrc),
+    }
+    if way == "in":
+        out["cat"] = lambda: torch.cat(isrc, out=flat_int)
+    else:
+        out["split-copy"] = lambda: torch.split_with_sizes_copy(
+            flat_int, sizes, out=idst)
+    out["graph"] = graphed(each)
     return out
 
 
+def measure(fn: Callable[[], None]) -> Tuple[float, float]:
+    """(seconds on the device, seconds to launch), medians of 5."""
+    seconds = cuda_median(fn)
+    launch = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        launch.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return seconds, median(launch)
+
+
 def main() -> None:
-    uniform = [(8 * GiB // 512 // 2,)] * 512
-    llama = [shape for _, shape in llama8b_shapes()]
-    record: Dict[str, object] = {"machine": machine()}
-    for model, shapes in (("uniform", uniform), ("llama8b", llama)):
-        src = [torch.full(s, 1.0, dtype=torch.bfloat16, device="cuda")
-               for s in shapes]
-        n = sum(t.numel() for t in src)
+    cases: List[Tuple[str, List[Any]]] = [
+        (f"uniform-{g}", [(int(g * GiB) // 512 // 2 // 64 * 64,)] * 512)
+        for g in (0.1, 2, 8)]
+    cases.append(("llama8b", [shape for _, shape in llama8b_shapes()]))
+    record: Dict[str, Any] = {"machine": machine()}
+    for model, shapes in cases:
+        tensors = [torch.full(s, 1.0, dtype=torch.bfloat16, device="cuda")
+                   for s in shapes]
+        n = sum(t.numel() for t in tensors)
         with allocconf.ipc_safe():  # the buffer in classic memory
             flat = torch.empty(n, dtype=torch.bfloat16, device="cuda")
         whole = torch.ones(n, dtype=torch.bfloat16, device="cuda")
-        dst = [v.view(t.shape) for v, t in
-               zip(flat.split([t.numel() for t in src]), src)]
         nbytes = n * 2
-        figures = {}
-        for name, fn in methods(src, dst, flat, whole).items():
-            flat.zero_()
-            fn()
-            assert torch.equal(flat, whole), name  # it copied everything
-            s = cuda_median(fn)
-            figures[name] = {"ms": s * 1e3, "gbps": nbytes / s / 1e9}
-            print(f"{model:<8} {len(src):4d} tensors {nbytes / GiB:5.2f} GiB "
-                  f"{name:<14} {s * 1e3:7.2f} ms {nbytes / s / 1e9:7.0f} GB/s",
-                  flush=True)
-        record[model] = {"tensors": len(src), "gib": nbytes / GiB,
+        figures: Dict[str, Any] = {}
+        for way in ("in", "out"):
+            flat.fill_(1.0)
+            for name, fn in methods(tensors, flat, whole, way).items():
+                target = flat if way == "in" else tensors
+                if way == "in":
+                    flat.zero_()
+                else:
+                    torch._foreach_zero_(tensors)
+                    whole.zero_()
+                fn()
+                torch.cuda.synchronize()
+                ok = (torch.equal(flat, torch.ones_like(flat)) if way == "in"
+                      else (torch.equal(whole, torch.ones_like(whole))
+                            if name == "reference" else
+                            all(bool((t == 1).all()) for t in target)))
+                assert ok, (model, way, name)  # it copied everything
+                if way == "out":
+                    whole.fill_(1.0)
+                s, launch = measure(fn)
+                figures[f"{way}:{name}"] = {
+                    "ms": s * 1e3, "launch_ms": launch * 1e3,
+                    "gbps": nbytes / s / 1e9}
+                print(f"{model:<12} {len(tensors):4d} tensors "
+                      f"{nbytes / GiB:6.2f} GiB {way:<3} {name:<12} "
+                      f"{s * 1e3:7.3f} ms {nbytes / s / 1e9:6.0f} GB/s "
+                      f"(launch {launch * 1e3:6.3f} ms)", flush=True)
+        record[model] = {"tensors": len(tensors), "gib": nbytes / GiB,
                          "methods": figures}
-        del src, flat, whole, dst
+        del tensors, flat, whole
         torch.cuda.empty_cache()
     save("copy_methods", record, out_dir_arg())
 

@@ -10,13 +10,13 @@ engine's load_weights does.
   pack        inside ipc_safe(): one flat classic buffer, the weights
               copied in each sync, one tensor shared (the hand-made recipe)
   transfer    allocconf.transfer: Sender with --buffers buffers of
-              --capacity MiB (2 of 1024 by default), bucket
-              after bucket; Receiver.load into the engine's weights,
-              acknowledging each bucket
+              --capacity MiB (2 of 1024 by default), bucket after
+              bucket, over a Channel; the engine's Receiver, its weights
+              bound once, serves the sync (Receiver.serve)
   (the last three copy the weights twice: into classic memory, out of it)
 
 Weights: --model uniform (default: --gib GiB of bf16 in --count tensors,
-8 and 512 by default) or
+8 and 512 by default; --gib may be a fraction) or
 --model llama8b (the parameter shapes of an 8B Llama-style model built
 from its config: vocabulary 128256, hidden 4096, 32 layers, 8 KV heads,
 MLP 14336, untied head; bf16, about 15 GiB; no real weights).
@@ -33,12 +33,14 @@ sender holds beyond its weights.  The physical reference is the
 device-to-device copy bandwidth, measured in the same run: each warm sync
 is given as a multiple of the time that bandwidth needs to copy the
 weights once (the floor of any sync into the engine's memory), and of
-the time for the copies the approach makes.
-Writes ipc_sync_{model}[_nobody].json.
-
---memcpy-from BYTES sets, in both processes, the size from which the
-transfer copies a tensor with its own memcpy rather than in the bucket's
-one _foreach_copy_ (allocconf.transfer._Copies.BIG), to study it.
+the time for the copies the approach makes.  "Trainer" is what the
+trainer waits for: from the same start until it may run its next
+optimizer step, its weights copied out (transfer: every bucket sent and
+the device done with the copies into the buffers, the engine still
+reading; pack and one-by-one: the staging copy done; direct: the whole
+sync, since the engine reads the trainer's memory).
+Writes ipc_sync_{model}[_{gib}][_nobody].json (the size named when
+--gib is given).
 
 With --as-nobody both processes run as user 65534 (no capabilities, and
 so not allowed pidfd_getfd on each other: what containers without ptrace
@@ -48,8 +50,7 @@ its GPU N.
 
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
            [--warm N] [--model uniform|llama8b] [--only a,b]
-           [--capacity MIB] [--buffers N] [--memcpy-from BYTES]
-           [--as-nobody]
+           [--capacity MIB] [--buffers N] [--as-nobody]
            [--receiver-device N]
 """
 from __future__ import annotations
@@ -84,7 +85,7 @@ def sarg(name: str, default: str) -> str:
     return default
 
 
-TOTAL_GIB = arg("--gib", 8)
+TOTAL_GIB = float(sarg("--gib", "8"))
 RECEIVER_DEVICE = arg("--receiver-device", -1)
 WARM = arg("--warm", 5)
 MODEL = sarg("--model", "uniform")
@@ -93,10 +94,6 @@ NOBODY = "--as-nobody" in sys.argv
 COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
-MEMCPY_FROM = arg("--memcpy-from", -1)
-if MEMCPY_FROM >= 0:  # the threshold study; runs in the receiver too
-    from allocconf import transfer as _transfer
-    _transfer._Copies.BIG = MEMCPY_FROM
 #: Copies of the weights a sync makes on the GPU: direct copies out of
 #: the trainer's memory into the engine's; the others copy into classic
 #: memory first.
@@ -144,7 +141,7 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
     answers True once they are all in place.  ("check",) compares every
     element (outside the timed sync) and zeroes the weights again, so the
     next sync must write them all."""
-    from allocconf.transfer import Receiver
+    from allocconf.transfer import Channel, Receiver
 
     drop_privileges()
     torch.cuda.init()
@@ -152,9 +149,10 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
                        else torch.cuda.current_device())
     engine = [torch.zeros(s, dtype=torch.bfloat16, device=dev)
               for s in shapes]
-    into = {f"w{i}": t for i, t in enumerate(engine)}
     numels = [t.numel() for t in engine]
     rx = Receiver()
+    rx.bind({f"w{i}": t for i, t in enumerate(engine)})
+    channel = Channel(outbox, inbox)
     outbox.put("ready")
     held = None  # the last sync's shared tensors: torch keeps their mapping
     while True:
@@ -167,13 +165,16 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
                 bad = torch.zeros((), dtype=torch.bool, device=dev)
                 for i, t in enumerate(engine):
                     bad |= (t != float(i % 200)).any()
-                outbox.put(not bool(bad.item()))
+                ok = not bool(bad.item())
                 torch._foreach_zero_(engine)
+                # Done before the answer: the next timed sync must not
+                # start with the zeroing still queued.
+                torch.cuda.synchronize(dev)
+                outbox.put(ok)
                 continue
-            if kind == "bucket":  # allocconf.transfer
-                outbox.put(rx.load(payload, into))
-                if not payload.last:
-                    continue
+            if kind == "transfer":  # allocconf.transfer: one whole sync
+                if not rx.serve(channel, timeout=600).complete:
+                    raise RuntimeError("the sync arrived partial")
             else:
                 held = payload
                 src = ([v.view(t.shape) for v, t in
@@ -216,7 +217,7 @@ def foreach_copy_ms(weights: List[torch.Tensor]) -> float:
 def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
              inbox: Any, outbox: Any) -> Any:
     """Send the weights once; the receiver's answer once they are all in
-    its own tensors."""
+    its own tensors.  state["trainer"]: when the trainer was free."""
     if approach == "direct":
         inbox.put(("list", weights))
     elif approach == "pack":
@@ -230,6 +231,7 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
                 weights)]
         torch._foreach_copy_(state["views"], weights)
         torch.cuda.synchronize()
+        state["trainer"] = time.perf_counter()
         inbox.put(("flat", state["staging"]))
     elif approach == "one-by-one":
         if "staging" not in state:
@@ -237,17 +239,25 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
                 state["staging"] = [torch.empty_like(w) for w in weights]
         torch._foreach_copy_(state["staging"], weights)
         torch.cuda.synchronize()
+        state["trainer"] = time.perf_counter()
         inbox.put(("list", state["staging"]))
     else:
-        from allocconf.transfer import Sender
+        from allocconf.transfer import Channel, Sender
         if "sender" not in state:
-            state["sender"] = Sender(CAPACITY_MIB << 20, buffers=BUFFERS)
+            state["sender"] = Sender(CAPACITY_MIB << 20, buffers=BUFFERS,
+                                     timeout=600)
+            state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
+            state["channel"] = Channel(inbox, outbox)
         sender = state["sender"]
-        for msg in sender.send(((f"w{i}", w) for i, w in enumerate(weights)),
-                               receive_ack=lambda: answer(outbox)):
-            inbox.put(("bucket", msg))
-        sender.drain(lambda: answer(outbox))
-    return answer(outbox)
+        inbox.put(("transfer", None))
+        sender.sync(state["named"], state["channel"], wait=False)
+        torch.cuda.current_stream().synchronize()
+        state["trainer"] = time.perf_counter()
+        sender.drain(state["channel"])
+    got = answer(outbox)
+    if approach == "direct":
+        state["trainer"] = time.perf_counter()
+    return got
 
 
 def answer(outbox: Any) -> Any:
@@ -271,14 +281,16 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     state: Dict[str, Any] = {}
     times: List[float] = []
     ok: Any = True
+    trainer: List[float] = []
     for i in range(1 + WARM):
         t0 = time.perf_counter()
         try:
             got = one_sync(approach, weights, state, inbox, outbox)
             times.append(time.perf_counter() - t0)
+            trainer.append(state.pop("trainer") - t0)
             inbox.put(("check", None))  # outside the timed sync
             got = answer(outbox)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # the receiver's error
             got = str(exc)
             times.append(time.perf_counter() - t0)
         if got is not True:
@@ -300,6 +312,8 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         "cold_ms": times[0] * 1e3,
         "warm_ms": median(times[1:]) * 1e3 if len(times) > 1 else None,
         "warm_all_ms": [t * 1e3 for t in times[1:]],
+        "trainer_ms": (median(trainer[1:]) * 1e3 if len(trainer) > 1
+                       else None),
         "extra_gib": extra / GiB,
         "correct": ok,
         "shared_ipc_capable": allocconf.ipc_capable(first),
@@ -309,18 +323,14 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     return result
 
 
-def _memcpy_from() -> int:
-    from allocconf import transfer
-    return int(transfer._Copies.BIG)
-
-
 def main() -> None:
     drop_privileges()
     assert allocconf.status().expandable_segments is True
     if MODEL == "llama8b":
         shapes = [shape for _, shape in llama8b_shapes()]
     else:
-        per = TOTAL_GIB * GiB // COUNT // 2  # bf16 elements per tensor
+        # bf16 elements per tensor, a multiple of 64 as a model's are
+        per = int(TOTAL_GIB * GiB) // COUNT // 2 // 64 * 64
         shapes = [(per,)] * COUNT
     weights = [torch.full(shape, float(i % 200), dtype=torch.bfloat16,
                           device="cuda") for i, shape in enumerate(shapes)]
@@ -341,10 +351,13 @@ def main() -> None:
             r["warm_over_copy_limit"] = r["warm_ms"] / limit_ms
             r["warm_over_own_floor"] = r["warm_ms"] / (limit_ms
                                                        * r["copies"])
+            r["trainer_over_copy_limit"] = r["trainer_ms"] / limit_ms
         results[approach] = r
         warm = (f"warm {r['warm_ms']:8.1f} ms (median of {WARM}, "
                 f"{r['warm_over_copy_limit']:.2f}x one copy, "
-                f"{r['warm_over_own_floor']:.2f}x its {r['copies']})"
+                f"{r['warm_over_own_floor']:.2f}x its {r['copies']}), "
+                f"trainer {r['trainer_ms']:.2f} ms "
+                f"({r['trainer_over_copy_limit']:.2f}x one copy)"
                 if r["warm_ms"] is not None else "no warm sync")
         print(f"{approach:<11} cold {r['cold_ms']:9.1f} ms, {warm}, extra "
               f"memory {r['extra_gib']:.2f} GiB, correct {r['correct']}, "
@@ -362,13 +375,14 @@ def main() -> None:
     print(f"fastest warm: {summary.get('fastest_warm')}", flush=True)
     record = {"machine": machine(), "gib": nbytes / GiB, "model": MODEL,
               "capacity_mib": CAPACITY_MIB, "buffers": BUFFERS,
-              "memcpy_from": _memcpy_from(),
               "as_nobody": NOBODY, "receiver_device": RECEIVER_DEVICE,
+              "fits_buffers": nbytes <= (CAPACITY_MIB << 20) * BUFFERS,
               "tensors": len(weights), "approaches": results,
               "summary": summary}
     print(json.dumps(record), flush=True)
     try:
-        save(f"ipc_sync_{MODEL}{'_nobody' if NOBODY else ''}", record,
+        size = f"_{sarg('--gib', '')}" if "--gib" in sys.argv else ""
+        save(f"ipc_sync_{MODEL}{size}{'_nobody' if NOBODY else ''}", record,
              out_dir_arg())
     except OSError as exc:  # as nobody, the directory may be root's
         print(f"not saved: {exc}", flush=True)

@@ -105,12 +105,13 @@ def test_plan_refuses_a_bad_capacity_naming_it(capacity):
 # Packing and loading
 # ---------------------------------------------------------------------------
 
-@pytest.fixture(params=["foreach", "copy_"])
+@pytest.fixture(params=["runs", "foreach"])
 def route(request, monkeypatch):
-    """Each test twice: small pieces (one _foreach_copy_ of bytes) and
-    every piece copied on its own (Tensor.copy_, typed when whole)."""
-    if request.param == "copy_":
-        monkeypatch.setattr(transfer._Copies, "BIG", 1)
+    """Each test twice: pieces that tile as int64 copied in runs (one
+    torch.cat / split_with_sizes_copy per run), and every piece in the
+    bucket's one _foreach_copy_ of the widest integers that tile it."""
+    if request.param == "foreach":
+        monkeypatch.setattr(transfer._Program, "RUNS", False)
     return request.param
 
 
@@ -173,30 +174,95 @@ def test_a_changed_layout_is_never_served_a_stale_view(route):
         assert all(same_bits(src[k], dst[k]) for k in src), layout
 
 
-def test_a_repeated_sync_makes_no_new_views(route):
+_alive = []  # the programs compared, kept so that no id is reused
+
+
+def programs(sender, receiver):
+    mine = [p for _, p in sender._programs.values()]
+    theirs = [b.bound for b in receiver._buckets.values()
+              if b.bound is not None]
+    _alive.extend(mine + theirs)
+    return {id(p) for p in mine}, {id(p) for p in theirs}
+
+
+def test_a_repeated_sync_reuses_its_copies_and_checks_no_tensor(
+        route, monkeypatch):
     sender, receiver, _ = pair(1024)
+    receiver.bind(dst := {k: torch.zeros_like(v)
+                          for k, v in tensors().items()})
     src = tensors()
-    dst = {k: torch.zeros_like(v) for k, v in src.items()}
     for _ in range(2):  # buckets take the buffers in turn: both layouts
-        sync(sender, receiver, src, dst)
-    made = (len(sender._views), len(receiver._views))
-    assert made[0] > 0 and made[1] > 0
-    for step in range(3):
-        src = tensors(seed=step + 1)  # new tensors, the same layout
-        sync(sender, receiver, src, dst)
-        assert all(same_bits(src[k], dst[k]) for k in src)
-    assert (len(sender._views), len(receiver._views)) == made
+        sync(sender, receiver, src, None)
+    made = programs(sender, receiver)
+    assert made[0] and made[1]
+    checked = []
+    real = transfer._check
+    monkeypatch.setattr(transfer, "_check",
+                        lambda *a: checked.append(a[0]) or real(*a))
+    for step in range(3):  # the optimizer's step: new values, in place
+        for k, v in tensors(seed=step + 1).items():
+            src[k].copy_(v)
+        sync(sender, receiver, src, None)
+        assert all(same_bits(src[k], dst[k]) for k in src), step
+    assert programs(sender, receiver) == made and checked == []
+    # New tensors in the same layout: checked, copied from where they are
+    # now; the receiver's copies into its bound targets stay.
+    src = tensors(seed=9)
+    sync(sender, receiver, src, None)
+    assert all(same_bits(src[k], dst[k]) for k in src)
+    assert len(checked) == len(src)
+    now = programs(sender, receiver)
+    assert now[1] == made[1] and now[0] - made[0]  # the sender's anew
 
 
-def test_the_view_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(transfer._Copies, "LIMIT", 4)
+@pytest.mark.parametrize("buffers", [1, 2])
+@pytest.mark.parametrize("change", ["data", "resize", "dtype", "new",
+                                    "cast"])
+def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
+                                                                buffers):
+    # With one buffer the first bucket's copies were made for it and are
+    # queued before the check; with two, the next sync packs the other
+    # buffer, whose copies are made only after the check.
+    sender, receiver, _ = pair(1 << 16, buffers=buffers)
+    src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
+    sync(sender, receiver, src, {k: torch.zeros_like(v)
+                                 for k, v in src.items()})
+    cast = None
+    if change == "data":    # the same tensor object, new memory
+        src["w1"].data = torch.full((64,), 7.0)
+    elif change == "resize":  # the same object, another shape
+        src["w1"].resize_(32)
+        src["w1"].fill_(7.0)
+    elif change == "dtype":
+        src["w1"].data = torch.full((64,), 7, dtype=torch.float64)
+    elif change == "new":   # a new tensor under the name
+        src["w1"] = torch.full((64,), 7.0)
+    else:                   # the same tensors, another cast
+        cast = {torch.float32: torch.bfloat16}
+    dst = {k: torch.zeros_like(v.to(torch.bfloat16) if cast else v)
+           for k, v in src.items()}
+    msgs = []
+    acks = []
+    for msg in sender.send(src, receive_ack=acks.pop, cast=cast):
+        msgs.append(msg)
+        acks.insert(0, receiver.load(msg, dst))
+    sender.drain(acks.pop)
+    want = {k: v.to(torch.bfloat16) if cast else v for k, v in src.items()}
+    assert all(same_bits(want[k], dst[k]) for k in src), change
+
+
+def test_the_copies_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(transfer.Receiver, "LIMIT", 4)
     sender, receiver, _ = pair(1 << 16)
     for n in range(1, 12):
         src = {f"t{i}": torch.full((n + i,), float(i)) for i in range(3)}
         dst = {k: torch.zeros_like(v) for k, v in src.items()}
-        sync(sender, receiver, src, dst)
+        receiver.bind(dst)
+        sync(sender, receiver, src, None)
         assert all(same_bits(src[k], dst[k]) for k in src), n
-        assert len(sender._views) <= 4 and len(receiver._views) <= 4
+        # one bucket a sync: one program per buffer at most, this plan's
+        assert len(sender._programs) <= 2
+        assert len(receiver._buckets) <= 4
 
 
 def test_a_restarted_sender_is_not_taken_for_the_old_one():

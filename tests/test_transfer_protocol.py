@@ -180,14 +180,14 @@ def test_a_refilled_scratch_tensor_needs_eager_and_is_refused_without():
     run(sender, receiver, gathered(), dst, eager=True)
     assert [float(dst[f"layer{i}"][0]) for i in range(5)] == [0, 1, 2, 3, 4]
     # The producer waited for each item's copies before refilling.
-    assert log.count(("done",)) == 5
+    assert log.count(("done",)) == 5 + 1  # each item, then the bucket
     # Fresh tensors (what a gather usually gives) need no eager: their
     # copies wait for the bucket, one launch for many.
     fresh = ((f"layer{i}", torch.full((16,), float(i))) for i in range(5))
     del log[:]
     run(sender, receiver, fresh, dst)
     assert [float(dst[f"layer{i}"][0]) for i in range(5)] == [0, 1, 2, 3, 4]
-    assert log.count(("done",)) == 0
+    assert log.count(("done",)) == 1  # after the bucket only
 
 
 # -- split tensors and engine-shaped loading -------------------------------------
@@ -251,7 +251,7 @@ def test_the_sender_gpu_is_found_by_uuid_in_the_receivers_numbering():
 @pytest.mark.parametrize("route", ["foreach", "copy_"])
 def test_a_cast_while_packing_is_bit_exact_to_tensor_to(route, monkeypatch):
     if route == "copy_":
-        monkeypatch.setattr(transfer._Copies, "BIG", 1)
+        monkeypatch.setattr(transfer._Program, "BIG", 1)
     g = torch.Generator().manual_seed(7)
     src = {"w": torch.randn(300, generator=g) * 1e3,
            "special": torch.tensor([float("nan"), float("inf"), -0.0,
@@ -409,7 +409,9 @@ def test_the_copies_run_on_the_copy_stream_with_their_sources_held():
     alive = [weakref.ref(t) for t in src.values()]
     del log[:]
     (msg,) = list(sender.send(src))
-    assert [op[0] for op in log] == ["begin", "record"]
+    # On the copy stream, the event recorded after the copies; the
+    # trainer's stream waits for them (an optimizer step comes next).
+    assert [op[0] for op in log] == ["begin", "record", "done"]
     # The caller lets go of its tensors: the sender holds them with the
     # buffer until it is packed again, after the receiver's Ack.
     del src
@@ -420,3 +422,58 @@ def test_the_copies_run_on_the_copy_stream_with_their_sources_held():
         run(sender, receiver, weights(n=1), {"w0": torch.zeros(37)})
     gc.collect()
     assert all(r() is None for r in alive)
+
+
+def test_a_bucket_that_tiles_as_int64_is_one_launch_each_way(monkeypatch):
+    # Tensors of whole int64 words, each at an ALIGN-ed offset: the
+    # sender's copies are one torch.cat over the bucket (the alignment
+    # gaps filled), the receiver's one split_with_sizes_copy; nothing
+    # copied tensor by tensor.
+    calls = []
+    for name in ("cat", "split_with_sizes_copy", "_foreach_copy_"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _n=name, _r=real, **k:
+                            calls.append(_n) or _r(*a, **k))
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k:
+                        calls.append("copy_") or real_copy(self, *a, **k))
+    sender, receiver, _ = pair(1 << 16)
+    src = {f"w{i}": torch.randn(2 * (5 + i)) for i in range(10)}  # gaps
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    receiver.bind(dst)
+    for step in range(3):
+        for v in src.values():
+            v.add_(1)
+        del calls[:]
+        (msg,) = run(sender, receiver, src)
+        assert calls == ["cat", "split_with_sizes_copy"], step
+        assert all(same_bits(src[k], dst[k]) for k in src), step
+
+
+def test_a_sync_that_does_not_wait_leaves_its_acks_to_the_next():
+    sender, receiver, _ = pair(1024, buffers=6)
+    trainer, engine = channels()
+    src = weights(n=8, size=100)  # 4 buckets: a sync fits the buffers
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    served = []
+    t = threading.Thread(target=lambda: served.extend(
+        receiver.serve(engine, into=dst, timeout=10) for _ in range(3)))
+    t.start()
+    for step in range(3):
+        for v in src.values():
+            v.mul_(2)
+        want = {k: v.clone() for k, v in src.items()}
+        sent = sender.sync(src, trainer, timeout=10, wait=False)
+        assert sent > 1 and sender.pending > 0  # the engine still reading
+        if step < 2:  # the next sync takes them when it needs the buffers
+            t.join(0.05)
+        while receiver.complete != sender._sync:
+            time.sleep(0.01)
+        assert all(same_bits(want[k], dst[k]) for k in src), step
+    sender.drain(trainer, timeout=10)
+    t.join(10)
+    assert sender.pending == 0
+    assert [r.complete for r in served] == [True] * 3
+    with pytest.raises(TransferError, match="within 0.2 s"):
+        sender.sync(src, trainer, timeout=0.2)  # nobody serves: loud
+    assert sender.pending == 0

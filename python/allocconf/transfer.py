@@ -28,6 +28,7 @@ import this module.
 from __future__ import annotations
 
 import functools
+import operator
 import time
 import uuid
 from dataclasses import dataclass
@@ -240,86 +241,129 @@ def _wide(nbytes: int, address: int) -> torch.dtype:
     return torch.uint8
 
 
-class _Copies:
-    """The copies of one bucket, bit for bit.  A piece of at least BIG
-    bytes is copied on its own with Tensor.copy_ (a device-to-device
-    memcpy, the fastest copy there is for it, but one launch each); the
-    smaller ones go in one _foreach_copy_ (one launch for many) as the
-    widest integers that tile them, never as their dtype: that kernel
-    rounds through float and would rewrite NaN payloads.  A piece sent in
-    another dtype than its tensor's (a cast) is copied typed, which
-    converts as Tensor.to does.  The buffer's side of each copy is made
-    once per (buffer, offset, bytes, dtype, shape) and kept in `views`,
-    so a repeated sync creates no tensor on that side.
-    benchmarks/copy_methods.py measured the choices (docs/benchmarks.md)."""
+class _Program:
+    """The copies of one bucket between a buffer and its tensors, bit for
+    bit, in as few launches as the layout allows; made once and run every
+    sync that has the same entries and tensors (docs/design.md, "How the
+    transfer copies").
 
-    BIG = 32 << 20   # bytes: copy_ here is bound by the GPU, not its launch
-    LIMIT = 1 << 16  # cached views before the cache starts again
+    * A *run*: consecutive pieces that tile as int64 (size and both
+      addresses multiples of 8), the alignment gaps between them
+      included, is one launch: into the buffer one ``torch.cat(out=)``
+      (the gaps filled from a zero tensor), out of it one
+      ``torch.split_with_sizes_copy(out=)`` (the gaps into a sink).  Both
+      kernels copy near memcpy speed where ``_foreach_copy_`` reaches
+      two thirds of it and a ``copy_`` per tensor is bound by its launch
+      (benchmarks/copy_methods.py, docs/benchmarks.md).  A run of one
+      piece is a ``copy_`` (a memcpy).
+    * A piece that does not tile as int64 goes in one ``_foreach_copy_``
+      as the widest integers that tile it, never as its dtype: that
+      kernel rounds through float and would rewrite NaN payloads.
+    * A piece sent in another dtype than its tensor's (a cast) is copied
+      typed, which converts as ``Tensor.to`` does: at least BIG bytes
+      with its own ``copy_``, smaller ones in one ``_foreach_copy_``.
 
-    def __init__(self, views: Dict[Any, torch.Tensor]) -> None:
-        self.views = views
-        self.big: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    The program holds its views of both sides (so the tensors it copies
+    stay allocated while it is kept)."""
+
+    BIG = 32 << 20   # bytes: a typed copy_ here is bound by the GPU
+    RUNS = True      # False: no runs (the tests' second route)
+
+    def __init__(self, buf: torch.Tensor,
+                 pairs: Sequence[Tuple[Entry, torch.Tensor]],
+                 into_buffer: bool) -> None:
+        self.into_buffer = into_buffer
+        # each run: (the buffer's span as int64, pieces in order, sizes)
+        self.runs: List[Tuple[torch.Tensor, List[torch.Tensor],
+                              List[int]]] = []
+        self.each: List[Tuple[torch.Tensor, torch.Tensor]] = []  # dst, src
         self.small: Tuple[List[torch.Tensor], List[torch.Tensor]] = ([], [])
-
-    def _theirs(self, key: Any, buf: torch.Tensor, e: Entry,
-                dtype: torch.dtype, typed: bool) -> torch.Tensor:
-        k = (key, e.offset, e.nbytes, dtype, e.shape if typed else None)
-        theirs = self.views.get(k)
-        if theirs is None:
-            if len(self.views) >= self.LIMIT:
-                self.views.clear()
+        run: List[Tuple[Entry, torch.Tensor]] = []
+        for e, t in pairs:
+            if not e.nbytes:
+                continue
+            if _dtype_name(t.dtype) != e.dtype:  # a cast
+                run = self._end(buf, run)
+                self._typed(buf, e, t)
+                continue
+            raw = _as_bytes(t)
+            if not e.whole:
+                raw = raw[e.start:e.start + e.nbytes]
+            if (self.RUNS and e.nbytes % 8 == 0 and e.offset % 8 == 0
+                    and raw.data_ptr() % 8 == 0):
+                if run and e.offset < run[-1][0].offset + run[-1][0].nbytes:
+                    run = self._end(buf, run)  # the same piece again (tied)
+                run.append((e, raw.view(torch.int64)))
+                continue
+            run = self._end(buf, run)
+            dtype = _wide(e.nbytes, raw.data_ptr())
             theirs = _piece(buf, e).view(dtype)
-            if typed:
-                theirs = theirs.view(e.shape)
-            self.views[k] = theirs
-        return theirs
+            mine = raw.view(dtype)
+            self._queue(theirs, mine, False)
+        self._end(buf, run)
 
-    def add(self, key: Any, buf: torch.Tensor, e: Entry, t: torch.Tensor,
-            into_buffer: bool) -> None:
-        """Queue the copy of entry `e` of tensor `t` between `buf` (known
-        as `key`) and `t`: into the buffer, or out of it."""
-        big = e.nbytes >= self.BIG
-        if _dtype_name(t.dtype) != e.dtype:  # a cast: typed, converting
-            sent = _dtype(e.dtype)
-            theirs = self._theirs(key, buf, e, sent, e.whole)
-            if e.whole:
-                mine = t
-            else:  # a piece holds whole elements (_Layout.place)
-                size = _itemsize(sent)
-                mine = t.reshape(-1)[e.start // size:
-                                     (e.start + e.nbytes) // size]
-        else:
-            typed = big and e.whole  # copied as itself: copy_ is a memcpy
-            if typed:
-                dtype, mine = t.dtype, t
-            else:
-                raw = _as_bytes(t)
-                if not e.whole:
-                    raw = raw[e.start:e.start + e.nbytes]
-                dtype = torch.uint8 if big else _wide(e.nbytes,
-                                                      raw.data_ptr())
-                mine = raw if dtype == torch.uint8 else raw.view(dtype)
-            theirs = self._theirs(key, buf, e, dtype, typed)
-        dst, src = (theirs, mine) if into_buffer else (mine, theirs)
-        if big:
-            self.big.append((dst, src))
+    def _queue(self, theirs: torch.Tensor, mine: torch.Tensor,
+               alone: bool) -> None:
+        dst, src = (theirs, mine) if self.into_buffer else (mine, theirs)
+        if alone:
+            self.each.append((dst, src))
         else:
             self.small[0].append(dst)
             self.small[1].append(src)
 
-    def __len__(self) -> int:
-        return len(self.big) + len(self.small[0])
+    def _typed(self, buf: torch.Tensor, e: Entry, t: torch.Tensor) -> None:
+        sent = _dtype(e.dtype)
+        theirs = _piece(buf, e).view(sent)
+        if e.whole:
+            theirs, mine = theirs.view(e.shape), t
+        else:  # a piece holds whole elements (_Layout.place)
+            size = _itemsize(sent)
+            mine = t.reshape(-1)[e.start // size:
+                                 (e.start + e.nbytes) // size]
+        self._queue(theirs, mine, e.nbytes >= self.BIG)
 
-    def run(self, keep: bool = False) -> None:
-        """Queue the copies on the current stream; forget them, unless
-        `keep` (copies bound once and run every sync)."""
+    def _end(self, buf: torch.Tensor, run: List[Tuple[Entry, torch.Tensor]]
+             ) -> List[Tuple[Entry, torch.Tensor]]:
+        """Close `run`: its pieces and the gaps between them, one span."""
+        if not run:
+            return run
+        first, last = run[0][0], run[-1][0]
+        span = buf[first.offset:last.offset + last.nbytes].view(torch.int64)
+        if len(run) == 1:
+            self._queue(span, run[0][1], True)
+            return []
+        pieces: List[torch.Tensor] = []
+        end = first.offset
+        gaps = sum(e.offset - (p.offset + p.nbytes)
+                   for (p, _), (e, _) in zip(run, run[1:]))
+        filler = torch.zeros(gaps // 8, dtype=torch.int64,
+                             device=buf.device)
+        used = 0
+        for e, mine in run:
+            gap = (e.offset - end) // 8
+            if gap:  # the alignment gap: zeros in, into the sink out
+                pieces.append(filler[used:used + gap])
+                used += gap
+            pieces.append(mine)
+            end = e.offset + e.nbytes
+        self.runs.append((span, pieces, [p.numel() for p in pieces]))
+        return []
+
+    def __len__(self) -> int:
+        return len(self.runs) + len(self.each) + len(self.small[0])
+
+    def run(self) -> None:
+        """Queue the copies on the current stream."""
         with torch.no_grad():  # a model's parameters may require grad
-            for dst, src in self.big:
+            for span, pieces, sizes in self.runs:
+                if self.into_buffer:
+                    torch.cat(pieces, out=span)
+                else:
+                    torch.split_with_sizes_copy(span, sizes, out=pieces)
+            for dst, src in self.each:
                 dst.copy_(src)
             if self.small[0]:
                 torch._foreach_copy_(self.small[0], self.small[1])
-        if not keep:
-            self.big, self.small = [], ([], [])
 
 
 class _Cuda:
@@ -335,6 +379,7 @@ class _Cuda:
         self.uuid = self.uuid_of(self.device)
         self._stream = _cuda.Stream(self.device)
         self._events: Dict[Tuple[int, bytes], Any] = {}
+        self._local: Dict[str, int] = {}  # GPU UUID -> index here
 
     @staticmethod
     def uuid_of(index: int) -> str:
@@ -342,8 +387,12 @@ class _Cuda:
 
     def local(self, uuid_: str) -> int:
         """The index, in this process, of the GPU with UUID `uuid_`."""
+        got = self._local.get(uuid_)
+        if got is not None:
+            return got
         for i in range(torch.cuda.device_count()):
             if self.uuid_of(i) == uuid_:
+                self._local[uuid_] = i
                 return i
         raise TransferError(
             f"allocconf.transfer: the sender's GPU ({uuid_}) is not among "
@@ -519,15 +568,59 @@ def _aliases(tensors: Mapping[str, Any]
 class _Sync:
     """One send()'s progress: the bucket being packed and its copies."""
 
-    def __init__(self, sync: int, views: Dict[Any, torch.Tensor]) -> None:
+    def __init__(self, sync: int) -> None:
         self.sync = sync
         self.seq = 0
         self.buf: Optional[int] = None
+        self.after: Optional[bytes] = None  # the receiver's reads of buf
         self.entries: List[Entry] = []
-        self.copies = _Copies(views)
-        self.sources: List[torch.Tensor] = []
+        self.pairs: List[Tuple[Entry, torch.Tensor]] = []  # not yet run
         self.ptrs: Set[int] = set()  # sources whose copy is queued
         self.whole = True        # every message carried the final plan
+
+
+class _Replay:
+    """A state dict's sync, kept to be sent again as it was: the tensors
+    (each with its address, dtype and shape then), the plan and its
+    buckets (entries, sources, the sources' addresses).  A sync of the
+    same tensors, unchanged, reuses it all: no per-tensor work beyond
+    checking them, and the copies made once."""
+
+    def __init__(self, plan: "_Plan", casts: Dict[torch.dtype, torch.dtype]
+                 ) -> None:
+        self.plan = plan
+        self.casts = casts
+        self.names: List[str] = []
+        self.tensors: List[torch.Tensor] = []
+        self.ptrs: List[int] = []
+        self.dtypes: List[torch.dtype] = []
+        self.shapes: List[torch.Size] = []
+        self.buckets: List[Tuple[List[Entry],
+                                 List[Tuple[Entry, torch.Tensor]],
+                                 Tuple[int, ...]]] = []
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        self.names.append(name)
+        self.tensors.append(t)
+        self.ptrs.append(t.data_ptr())
+        self.dtypes.append(t.dtype)
+        self.shapes.append(t.shape)
+
+    def same(self, tensors: Mapping[str, Any],
+             casts: Dict[torch.dtype, torch.dtype]) -> bool:
+        """The same names and tensor objects, in order, and casts (cheap:
+        no call on a tensor)."""
+        return (casts == self.casts and len(tensors) == len(self.names)
+                and list(tensors) == self.names
+                and all(map(operator.is_, tensors.values(), self.tensors)))
+
+    def unchanged(self) -> bool:
+        """Each tensor still at its address, with its dtype and shape
+        (``.data =``, ``resize_`` and ``set_`` change them in place)."""
+        ts = self.tensors
+        return ([t.data_ptr() for t in ts] == self.ptrs
+                and [t.dtype for t in ts] == self.dtypes
+                and [t.shape for t in ts] == self.shapes)
 
 
 class Sender:
@@ -563,10 +656,13 @@ class Sender:
         # buffer -> the sources copied into it, held until it is packed
         # again (their copies are done by then: the receiver read them),
         # so that a source its owner frees stays valid until copied.
-        self._held: Dict[int, List[torch.Tensor]] = {}
+        self._held: Dict[int, List[Tuple[Entry, torch.Tensor]]] = {}
         self._sync = 0
         self._next = 0
-        self._views: Dict[Any, torch.Tensor] = {}  # see _Copies
+        # (plan, bucket, buffer) -> (the sources' addresses, the copies)
+        self._programs: Dict[Tuple[str, int, int],
+                             Tuple[Tuple[int, ...], _Program]] = {}
+        self._replay: Optional[_Replay] = None
         self._plan: Optional[_Plan] = None
         self._teaching: Optional[Tuple[int, _Plan]] = None
         self._aborted = 0  # syncs up to this one were given up
@@ -614,7 +710,9 @@ class Sender:
             self._teaching[1].known = True
             self._teaching = None
 
-    def _take(self, receive_ack: Optional[Callable[[], Ack]]) -> int:
+    def _take(self, s: _Sync, receive_ack: Optional[Callable[[], Ack]]
+              ) -> None:
+        """The next buffer for sync `s`, once the receiver gave it back."""
         b = self._next
         while b in self._pending:
             if receive_ack is None:
@@ -625,11 +723,9 @@ class Sender:
                     f"next bucket")
             self.acknowledge(receive_ack())
         self._next = (b + 1) % len(self._buffers)
-        after = self._after.pop(b, None)
-        if after:
-            self._ops.wait(after)  # the receiver's reads come first
+        s.after = self._after.pop(b, None)  # the copy stream waits for it
         self._held.pop(b, None)
-        return b
+        s.buf = b
 
     def send(self, tensors: Union[Mapping[str, Any],
                                   Iterable[Tuple[str, Any]]], *,
@@ -648,13 +744,23 @@ class Sender:
         that share their memory (tied weights) are sent once and arrive
         under every name.
 
-        The copies of a bucket run together, when it is full: a tensor
-        given must keep its values until then.  An iterable that refills
-        one tensor for every item (a gather into a scratch buffer) needs
-        ``eager=True``, which runs each item's copies before the next
-        item is asked for; without it, a tensor that comes back at an
-        address whose copy has not run raises ValueError instead of
-        sending what the refill wrote."""
+        A state dict sent again with the same tensors, unchanged in
+        address, dtype and shape (a model's parameters after an optimizer
+        step), is sent as before: its plan and its copies are reused, so
+        that such a sync costs no per-tensor work beyond checking them.
+        The Sender keeps references to the last state dict's tensors
+        for that, until another is sent or it is closed.
+
+        The copies of a bucket run together, when it is full, on a copy
+        stream that waits for the work queued before (the tensors'
+        producers); the work queued after a bucket (an optimizer step)
+        waits for its copies.  A tensor given must keep its values until
+        its bucket is full: an iterable that refills one tensor for every
+        item (a gather into a scratch buffer) needs ``eager=True``, which
+        runs each item's copies before the next item is asked for;
+        without it, a tensor that comes back at an address whose copy
+        has not run raises ValueError instead of sending what the refill
+        wrote."""
         if self._closed:
             raise RuntimeError("allocconf.transfer: this Sender is closed")
         casts = dict(cast or {})
@@ -662,6 +768,55 @@ class Sender:
             if not (isinstance(a, torch.dtype) and isinstance(b, torch.dtype)):
                 raise TypeError(f"allocconf.transfer: cast maps dtypes to "
                                 f"dtypes, got {a!r}: {b!r}")
+        self._sync += 1
+        s = _Sync(self._sync)
+        try:
+            r = self._replay
+            if (isinstance(tensors, Mapping) and not eager and r is not None
+                    and r.plan is self._plan and r.same(tensors, casts)):
+                # The first bucket's copies are queued before the check,
+                # from memory their program holds, so that the check runs
+                # while the device copies; a failed check sends nothing
+                # of them (the tensor by tensor path packs that buffer
+                # again, after them on the copy stream).
+                last = len(r.buckets) - 1
+                for seq, (entries, pairs, sig) in enumerate(r.buckets):
+                    self._take(s, receive_ack)
+                    assert s.buf is not None
+                    if seq == 0:
+                        made = self._programs.get((r.plan.id, 0, s.buf))
+                        early = made is not None and made[0] == sig
+                        if not (early or r.unchanged()):
+                            break  # no copy made: the tensors changed
+                    s.entries, s.pairs = list(entries), pairs
+                    self._pack(s, r.plan, True, sig)
+                    if seq == 0 and early and not r.unchanged():
+                        break
+                    yield self._message(s, seq == last, r.plan)
+                else:
+                    return
+                assert s.buf is not None
+                self._next = s.buf  # packed again tensor by tensor
+                if s.after is not None:  # not yet waited for
+                    self._after[s.buf] = s.after
+                s = _Sync(s.sync)
+            self._replay = None
+            yield from self._send(tensors, receive_ack, casts, eager, s)
+        finally:
+            if s.buf is not None and s.buf not in self._pending:
+                # Taken but never sent (the source raised, or the caller
+                # stopped): free again, nothing for the receiver to ack.
+                self._next = s.buf
+                if s.after is not None:
+                    self._after[s.buf] = s.after
+
+    def _send(self, tensors: Union[Mapping[str, Any],
+                                   Iterable[Tuple[str, Any]]],
+              receive_ack: Optional[Callable[[], Ack]],
+              casts: Dict[torch.dtype, torch.dtype], eager: bool,
+              s: _Sync) -> Iterator[Message]:
+        """send() tensor by tensor: following the last plan while the
+        tensors match it, making a new one from where they do not."""
         items: Iterator[Tuple[str, Any]]
         if isinstance(tensors, Mapping):
             mapping = True
@@ -671,90 +826,122 @@ class Sender:
             mapping = False
             alias_of, others = {}, {}
             items = iter(tensors)
-        self._sync += 1
-        s = _Sync(self._sync, self._views)
+        keep = mapping and not eager  # kept for a replay
         old = self._plan
-        # Follow the last plan while the tensors match it; else make one.
         p = old if old is not None and old.capacity == self.capacity else None
         follow = p is not None
         if p is None:
             p = _Plan(self.capacity)
+        replay = _Replay(p, casts) if keep else None
         layout: Optional[_Layout] = None if follow else _Layout(self.capacity)
         device = self._ops.torch_device
         index = 0
-        try:
-            for name, item in items:
-                _check(name, item, device)
-                t: torch.Tensor = item
-                key: _Key = (name, t.dtype, casts.get(t.dtype, t.dtype),
-                             tuple(t.shape), alias_of.get(name),
-                             others.get(name, ()))
-                if follow and not (index < len(p.keys)
-                                   and p.keys[index] == key):
-                    follow = False  # the layout changed: a new plan here
-                    p, layout = p.prefix(index, s.entries)
-                    s.whole = False
-                if follow:
-                    pieces = p.pieces[index]
-                else:
-                    assert layout is not None
-                    pieces = p.place(layout, key, t.numel())
-                index += 1
-                if not mapping and t.numel():
-                    if t.data_ptr() in s.ptrs:
-                        raise ValueError(
-                            f"allocconf.transfer: {name!r} is at the address "
-                            f"of an earlier tensor whose copy has not run: a "
-                            f"source that refills one tensor must be sent "
-                            f"with eager=True (tied tensors are sent once "
-                            f"from a state dict)")
-                    s.ptrs.add(t.data_ptr())
-                for brk, e in pieces:
-                    if brk:
-                        yield self._flush(s, False, p)
-                    if s.buf is None:
-                        s.buf = self._take(receive_ack)
-                    s.entries.append(e)
-                    if e.nbytes:
-                        s.copies.add(s.buf, self._buffers[s.buf], e, t,
-                                     True)
-                        s.sources.append(t)
-                if eager:
-                    self._run(s)
-            if follow and index != len(p.keys):
-                p, layout = p.prefix(index, s.entries)  # fewer tensors
+        for name, item in items:
+            _check(name, item, device)
+            t: torch.Tensor = item
+            key: _Key = (name, t.dtype, casts.get(t.dtype, t.dtype),
+                         tuple(t.shape), alias_of.get(name),
+                         others.get(name, ()))
+            if follow and not (index < len(p.keys) and p.keys[index] == key):
+                follow = False  # the layout changed: a new plan here
+                p, layout = p.prefix(index, s.entries)
                 s.whole = False
-            if s.buf is None:
-                s.buf = self._take(receive_ack)  # an empty sync still says so
-            self._plan = p
-            yield self._flush(s, True, p)
-        finally:
-            if s.buf is not None and s.buf not in self._pending:
-                # Taken but never sent (the source raised, or the caller
-                # stopped): free again, nothing for the receiver to ack.
-                self._next = s.buf
+                if replay is not None:
+                    replay.plan = p
+            if follow:
+                pieces = p.pieces[index]
+            else:
+                assert layout is not None
+                pieces = p.place(layout, key, t.numel())
+            index += 1
+            if replay is not None:
+                replay.add(name, t)
+            if not mapping and t.numel():
+                if t.data_ptr() in s.ptrs:
+                    raise ValueError(
+                        f"allocconf.transfer: {name!r} is at the address "
+                        f"of an earlier tensor whose copy has not run: a "
+                        f"source that refills one tensor must be sent "
+                        f"with eager=True (tied tensors are sent once "
+                        f"from a state dict)")
+                s.ptrs.add(t.data_ptr())
+            for brk, e in pieces:
+                if brk:
+                    yield self._flush(s, False, p, keep, replay)
+                if s.buf is None:
+                    self._take(s, receive_ack)
+                s.entries.append(e)
+                s.pairs.append((e, t))
+            if eager:
+                self._run(s)
+        if follow and index != len(p.keys):
+            p, layout = p.prefix(index, s.entries)  # fewer tensors
+            s.whole = False
+            if replay is not None:
+                replay.plan = p
+        if s.buf is None:
+            self._take(s, receive_ack)  # an empty sync still says so
+        self._plan = p
+        yield self._flush(s, True, p, keep, replay)
+        self._replay = replay
 
-    def _run(self, s: _Sync, event: Any = None) -> None:
-        """Run the queued copies on the copy stream, after the sources'
-        producers, and record `event` there; the sources are held with the
-        buffer.  Without an event (a source about to be refilled), the
-        producer's stream waits for the copies."""
+    def _program(self, s: _Sync, p: _Plan, keep: bool,
+                 sig: Tuple[int, ...]) -> _Program:
+        """The copies of the bucket being sent: made, or the ones made
+        before for the same plan, bucket, buffer and sources (`sig`:
+        their addresses)."""
+        assert s.buf is not None
+        if not keep:
+            return _Program(self._buffers[s.buf], s.pairs, True)
+        key = (p.id, s.seq, s.buf)
+        got = self._programs.get(key)
+        if got is not None and got[0] == sig:
+            return got[1]
+        if got is None and any(k[0] != p.id for k in self._programs):
+            self._programs.clear()  # another plan's: never used again
+        prog = _Program(self._buffers[s.buf], s.pairs, True)
+        self._programs[key] = (sig, prog)
+        return prog
+
+    def _run(self, s: _Sync, event: Any = None,
+             program: Optional[_Program] = None) -> None:
+        """Run the bucket's queued copies on the copy stream, after the
+        sources' producers and the receiver's reads of the buffer, and
+        record `event` there; the work queued next on the current stream
+        (an optimizer step, a refill) waits for them.  The sources are
+        held with the buffer."""
+        assert s.buf is not None
+        if program is None and s.pairs:
+            program = _Program(self._buffers[s.buf], s.pairs, True)
         with self._ops.begin():
-            s.copies.run()
+            if s.after is not None:
+                self._ops.wait(s.after)
+                s.after = None
+            if program is not None:
+                program.run()
             if event is not None:
                 self._ops.record(event)
-        if event is None:
-            self._ops.done()
-        if s.buf is not None:
-            self._held.setdefault(s.buf, []).extend(s.sources)
-        s.sources, s.ptrs = [], set()
+        self._ops.done()
+        self._held.setdefault(s.buf, []).extend(s.pairs)
+        s.pairs, s.ptrs = [], set()
 
-    def _flush(self, s: _Sync, last: bool, p: _Plan) -> Message:
+    def _pack(self, s: _Sync, p: _Plan, keep: bool,
+              sig: Optional[Tuple[int, ...]] = None) -> None:
+        """Run the bucket's copies and record its event."""
         assert s.buf is not None
-        ev, handle = self._events[s.buf]
-        self._run(s, ev)
+        if s.pairs and keep and sig is None:
+            sig = tuple(t.data_ptr() for _, t in s.pairs)
+        program = (self._program(s, p, keep, sig or ()) if s.pairs
+                   else None)
+        self._run(s, self._events[s.buf][0], program)
+
+    def _message(self, s: _Sync, last: bool, p: _Plan) -> Message:
+        """The bucket's Message; the buffer is the receiver's until its
+        Ack."""
+        assert s.buf is not None
         msg = Message(self.id, s.sync, s.seq, s.buf, last,
-                      self._handles[s.buf], handle, self._ops.uuid, p.id,
+                      self._handles[s.buf], self._events[s.buf][1],
+                      self._ops.uuid, p.id,
                       None if p.known else tuple(s.entries))
         if p.known:
             s.whole = False  # nothing to teach in this sync
@@ -765,35 +952,63 @@ class Sender:
         s.buf, s.entries = None, []
         return msg
 
-    def drain(self, receive_ack: Callable[[], Ack]) -> None:
-        """Take Acks until every bucket sent has been acknowledged."""
+    def _flush(self, s: _Sync, last: bool, p: _Plan, keep: bool,
+               replay: Optional[_Replay] = None) -> Message:
+        if replay is not None:
+            sig = tuple(t.data_ptr() for _, t in s.pairs)
+            replay.buckets.append((s.entries, s.pairs, sig))
+            self._pack(s, p, keep, sig)
+        else:
+            self._pack(s, p, keep)
+        return self._message(s, last, p)
+
+    def drain(self, receive_ack: Union[Callable[[], Ack], Channel],
+              timeout: Optional[float] = None) -> None:
+        """Take Acks until every bucket sent has been acknowledged: from
+        `receive_ack()`, or from a Channel (each wait bounded by
+        `timeout` seconds, the Sender's by default)."""
+        get = self._receiver(receive_ack, timeout)
         while self._pending:
-            self.acknowledge(receive_ack())
+            self.acknowledge(get())
+
+    def _receiver(self, source: Union[Callable[[], Ack], Channel],
+                  timeout: Optional[float]) -> Callable[[], Ack]:
+        if not isinstance(source, Channel):
+            return source
+        wait = self.timeout if timeout is None else float(timeout)
+
+        def receive_ack() -> Ack:
+            ack: Ack = source.get(wait)
+            return ack
+        return receive_ack
 
     def sync(self, tensors: Union[Mapping[str, Any],
                                   Iterable[Tuple[str, Any]]],
              channel: Channel, *,
              cast: Optional[Mapping[torch.dtype, torch.dtype]] = None,
-             eager: bool = False, timeout: Optional[float] = None) -> int:
-        """One whole sync over `channel`: every bucket put, every Ack
-        taken, each wait for the receiver bounded by `timeout` seconds
-        (the Sender's by default).  Returns the buckets sent.  A receiver
-        that stays silent raises TransferError, as does one that could
-        not take a bucket; on any error the sync is aborted (the receiver
-        told, when it can hear) and the sender is usable again."""
-        wait = self.timeout if timeout is None else float(timeout)
+             eager: bool = False, timeout: Optional[float] = None,
+             wait: bool = True) -> int:
+        """One whole sync over `channel`: every bucket put and, with
+        `wait`, every Ack taken; each wait for the receiver bounded by
+        `timeout` seconds (the Sender's by default).  Returns the buckets
+        sent.  A receiver that stays silent raises TransferError, as does
+        one that could not take a bucket; on any error the sync is
+        aborted (the receiver told, when it can hear) and the sender is
+        usable again.
 
-        def receive_ack() -> Ack:
-            ack: Ack = channel.get(wait)
-            return ack
-
+        ``wait=False`` returns once every bucket is sent, while the engine
+        still reads them: the trainer may queue its next optimizer step
+        at once (the GPU runs it after the copies out of its weights).
+        The Acks are taken by the next sync, or by ``drain(channel)``."""
+        receive_ack = self._receiver(channel, timeout)
         sent = 0
         try:
             for msg in self.send(tensors, receive_ack=receive_ack,
                                  cast=cast, eager=eager):
                 channel.put(msg)
                 sent += 1
-            self.drain(receive_ack)
+            if wait:
+                self.drain(receive_ack)
         except BaseException:
             self.abort(channel)
             raise
@@ -833,7 +1048,8 @@ class Sender:
         self._closed = True
         self._pending.clear()
         self._held.clear()
-        self._views.clear()
+        self._programs.clear()
+        self._replay = None
         self._buffers, self._handles, self._events = [], [], []
 
 
@@ -844,7 +1060,7 @@ class _Bucket:
     def __init__(self, entries: Tuple[Entry, ...]) -> None:
         self.entries = entries
         self.views: Optional[List[Tuple[Entry, torch.Tensor]]] = None
-        self.bound: Optional[_Copies] = None
+        self.bound: Optional[_Program] = None
 
 
 class Receiver:
@@ -855,6 +1071,8 @@ class Receiver:
     first message of a new one (a restarted trainer) makes it let go of
     the old one's buffers."""
 
+    LIMIT = 1 << 12  # buckets kept (entries, views, copies) before a reset
+
     def __init__(self, device: Optional[int] = None, *,
                  _ops: Any = None) -> None:
         self._ops = _ops if _ops is not None else _Cuda(device)
@@ -862,7 +1080,6 @@ class Receiver:
         self._events: Dict[Tuple[str, int], Tuple[Any, bytes]] = {}
         self._plans: Dict[Tuple[str, str], Dict[int, Tuple[Entry, ...]]] = {}
         self._buckets: Dict[Tuple[str, str, int, int], _Bucket] = {}
-        self._views: Dict[Any, torch.Tensor] = {}  # see _Copies
         self._whole: Dict[Tuple[str, str], torch.Tensor] = {}  # reassembly
         self._seen: Dict[str, Set[bytes]] = {}  # sender -> event handles
         self._bound: Optional[Mapping[str, torch.Tensor]] = None
@@ -906,7 +1123,7 @@ class Receiver:
         key = (msg.sender, msg.plan, msg.seq, msg.buffer)
         b = self._buckets.get(key)
         if b is None or b.entries is not entries:
-            if len(self._buckets) >= _Copies.LIMIT:
+            if len(self._buckets) >= self.LIMIT:
                 self._buckets.clear()
             b = self._buckets[key] = _Bucket(entries)
         return b
@@ -974,7 +1191,7 @@ class Receiver:
         buf = self._buffer(msg)
         views = self._views_of(msg, b)
         self._wait(msg)
-        copies = _Copies(self._views)
+        pairs: List[Tuple[Entry, torch.Tensor]] = []
         done: List[Tuple[Entry, torch.Tensor]] = []
         for e in b.entries:
             if e.whole:
@@ -985,10 +1202,11 @@ class Receiver:
                 whole = self._whole[key] = torch.empty(
                     e.size, dtype=torch.uint8, device=buf.device)
             flat = whole.view(_dtype(e.dtype))
-            copies.add((msg.sender, msg.buffer), buf, e, flat, False)
+            pairs.append((e, flat))
             if e.ends:
                 done.append((e, flat.view(e.shape)))
-        copies.run()
+        if pairs:
+            _Program(buf, pairs, False).run()
         out = views + [(n, t) for e, t in done
                        for n in (e.name,) + e.aliases]
         return iter(out)
@@ -1017,15 +1235,14 @@ class Receiver:
             if bound:
                 b.bound = copies
         self._wait(msg)
-        copies.run(keep=bound)
+        copies.run()
         return self._ack(msg)
 
     def _copies(self, msg: Message, b: _Bucket,
-                targets: Mapping[str, torch.Tensor]) -> _Copies:
+                targets: Mapping[str, torch.Tensor]) -> _Program:
         """The copies of bucket `b` into `targets`, every one checked."""
         buf = self._buffer(msg)
-        key = (msg.sender, msg.buffer)
-        copies = _Copies(self._views)
+        pairs: List[Tuple[Entry, torch.Tensor]] = []
         get = targets.get if hasattr(targets, "get") else (lambda n: None)
         for e in b.entries:
             first = get(e.name)
@@ -1046,9 +1263,8 @@ class Receiver:
                         f"{_dtype_name(t.dtype)}{list(t.shape)}"
                         f"{'' if t.is_contiguous() else ' (not contiguous)'}"
                         f"; the sender sent {e.dtype}{list(e.shape)}")
-                if e.nbytes:
-                    copies.add(key, buf, e, t, False)
-        return copies
+                pairs.append((e, t))
+        return _Program(buf, pairs, False)
 
     def serve(self, channel: Channel, *,
               into: Optional[Mapping[str, torch.Tensor]] = None,
@@ -1122,8 +1338,6 @@ class Receiver:
         for table in tables:
             for key in [k for k in table if k[0] == sender]:
                 del table[key]
-        self._views = {k: v for k, v in self._views.items()
-                       if not (isinstance(k[0], tuple) and k[0][0] == sender)}
         self._ops.forget(self._seen.pop(sender, ()))
 
     def close(self) -> None:
