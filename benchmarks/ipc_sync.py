@@ -250,7 +250,9 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
             state["channel"] = Channel(inbox, outbox)
         sender = state["sender"]
         inbox.put(("transfer", None))
+        t0 = time.perf_counter()
         sender.sync(state["named"], state["channel"], wait=False)
+        state.setdefault("sent", []).append(time.perf_counter() - t0)
         torch.cuda.current_stream().synchronize()
         state["trainer"] = time.perf_counter()
         sender.drain(state["channel"])
@@ -296,6 +298,10 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         if got is not True:
             ok = got if isinstance(got, str) else False
             break
+    if "sent" in state:
+        print(f"  transfer: sync(wait=False) returned after "
+              f"{median(state['sent'][1:]) * 1e3:.3f} ms (median)",
+              flush=True)
     extra = torch.cuda.memory_allocated() - allocated0
     inbox.put(None)
     proc.join(timeout=120)
