@@ -90,6 +90,13 @@ def save(name: str, result: Dict[str, Any], out_dir: str) -> str:
     return path
 
 
+def option(name: str, default: str) -> str:
+    """The value after `name` on the command line, else `default`."""
+    if name in sys.argv:
+        return sys.argv[sys.argv.index(name) + 1]
+    return default
+
+
 def out_dir_arg() -> str:
     """--out DIR from the command line (default: benchmarks/results)."""
     if "--out" in sys.argv:

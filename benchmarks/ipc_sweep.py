@@ -19,16 +19,10 @@ from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import HERE, machine, out_dir_arg, save  # noqa: E402
+from common import HERE, machine, option, out_dir_arg, save  # noqa: E402
 from plot_ipc_sync import svg  # noqa: E402
 
 SIZES = "0.1,0.5,1,2,8,16"
-
-
-def opt(name: str, default: str) -> str:
-    if name in sys.argv:
-        return sys.argv[sys.argv.index(name) + 1]
-    return default
 
 
 def row(r: Dict[str, Any]) -> str:
@@ -60,11 +54,11 @@ HEADER = ("| weights | tensors | one copy (ms) | two copies | direct | "
 def main() -> None:
     out = out_dir_arg()
     runs: List[Dict[str, Any]] = []
-    common = ["--out", out, "--warm", opt("--warm", "5")]
+    common = ["--out", out, "--warm", option("--warm", "5")]
     if "--only" in sys.argv:
-        common += ["--only", opt("--only", "")]
+        common += ["--only", option("--only", "")]
     cases = [["--model", "uniform", "--gib", g]
-             for g in opt("--sizes", SIZES).split(",")]
+             for g in option("--sizes", SIZES).split(",")]
     if "--no-llama" not in sys.argv:
         cases.append(["--model", "llama8b"])
     for case in cases:

@@ -67,29 +67,21 @@ import allocconf  # noqa: E402  (expandable segments on, as in training)
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from common import (cuda_median, machine, median, out_dir_arg,  # noqa: E402
-                    save)
+from common import (cuda_median, machine, median, option,  # noqa: E402
+                    out_dir_arg, save)
 
 GiB = 1 << 30
 
 
 def arg(name: str, default: int) -> int:
-    if name in sys.argv:
-        return int(sys.argv[sys.argv.index(name) + 1])
-    return default
+    return int(option(name, str(default)))
 
 
-def sarg(name: str, default: str) -> str:
-    if name in sys.argv:
-        return sys.argv[sys.argv.index(name) + 1]
-    return default
-
-
-TOTAL_GIB = float(sarg("--gib", "8"))
+TOTAL_GIB = float(option("--gib", "8"))
 RECEIVER_DEVICE = arg("--receiver-device", -1)
 WARM = arg("--warm", 5)
-MODEL = sarg("--model", "uniform")
-ONLY = sarg("--only", "direct,one-by-one,pack,transfer").split(",")
+MODEL = option("--model", "uniform")
+ONLY = option("--only", "direct,one-by-one,pack,transfer").split(",")
 NOBODY = "--as-nobody" in sys.argv
 COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
@@ -387,7 +379,7 @@ def main() -> None:
               "summary": summary}
     print(json.dumps(record), flush=True)
     try:
-        size = f"_{sarg('--gib', '')}" if "--gib" in sys.argv else ""
+        size = f"_{option('--gib', '')}" if "--gib" in sys.argv else ""
         save(f"ipc_sync_{MODEL}{size}{'_nobody' if NOBODY else ''}", record,
              out_dir_arg())
     except OSError as exc:  # as nobody, the directory may be root's

@@ -349,9 +349,6 @@ class _Program:
         self.runs.append((span, pieces, [p.numel() for p in pieces]))
         return []
 
-    def __len__(self) -> int:
-        return len(self.runs) + len(self.each) + len(self.small[0])
-
     def run(self) -> None:
         """Queue the copies on the current stream."""
         with torch.no_grad():  # a model's parameters may require grad
@@ -789,7 +786,7 @@ class Sender:
                         if not (early or r.unchanged()):
                             break  # no copy made: the tensors changed
                     s.entries, s.pairs = list(entries), pairs
-                    self._pack(s, r.plan, True, sig)
+                    self._pack(s, r.plan, sig)
                     if seq == 0 and early and not r.unchanged():
                         break
                     yield self._message(s, seq == last, r.plan)
@@ -826,13 +823,13 @@ class Sender:
             mapping = False
             alias_of, others = {}, {}
             items = iter(tensors)
-        keep = mapping and not eager  # kept for a replay
         old = self._plan
         p = old if old is not None and old.capacity == self.capacity else None
         follow = p is not None
         if p is None:
             p = _Plan(self.capacity)
-        replay = _Replay(p, casts) if keep else None
+        # A state dict's sync is kept to be replayed (see send()).
+        replay = _Replay(p, casts) if mapping and not eager else None
         layout: Optional[_Layout] = None if follow else _Layout(self.capacity)
         device = self._ops.torch_device
         index = 0
@@ -867,7 +864,7 @@ class Sender:
                 s.ptrs.add(t.data_ptr())
             for brk, e in pieces:
                 if brk:
-                    yield self._flush(s, False, p, keep, replay)
+                    yield self._flush(s, False, p, replay)
                 if s.buf is None:
                     self._take(s, receive_ack)
                 s.entries.append(e)
@@ -882,16 +879,16 @@ class Sender:
         if s.buf is None:
             self._take(s, receive_ack)  # an empty sync still says so
         self._plan = p
-        yield self._flush(s, True, p, keep, replay)
+        yield self._flush(s, True, p, replay)
         self._replay = replay
 
-    def _program(self, s: _Sync, p: _Plan, keep: bool,
-                 sig: Tuple[int, ...]) -> _Program:
+    def _program(self, s: _Sync, p: _Plan,
+                 sig: Optional[Tuple[int, ...]]) -> _Program:
         """The copies of the bucket being sent: made, or the ones made
         before for the same plan, bucket, buffer and sources (`sig`:
-        their addresses)."""
+        their addresses; None: not kept for a replay)."""
         assert s.buf is not None
-        if not keep:
+        if sig is None:
             return _Program(self._buffers[s.buf], s.pairs, True)
         key = (p.id, s.seq, s.buf)
         got = self._programs.get(key)
@@ -925,14 +922,12 @@ class Sender:
         self._held.setdefault(s.buf, []).extend(s.pairs)
         s.pairs, s.ptrs = [], set()
 
-    def _pack(self, s: _Sync, p: _Plan, keep: bool,
+    def _pack(self, s: _Sync, p: _Plan,
               sig: Optional[Tuple[int, ...]] = None) -> None:
-        """Run the bucket's copies and record its event."""
+        """Run the bucket's copies and record its event; `sig`: see
+        _program."""
         assert s.buf is not None
-        if s.pairs and keep and sig is None:
-            sig = tuple(t.data_ptr() for _, t in s.pairs)
-        program = (self._program(s, p, keep, sig or ()) if s.pairs
-                   else None)
+        program = self._program(s, p, sig) if s.pairs else None
         self._run(s, self._events[s.buf][0], program)
 
     def _message(self, s: _Sync, last: bool, p: _Plan) -> Message:
@@ -952,14 +947,15 @@ class Sender:
         s.buf, s.entries = None, []
         return msg
 
-    def _flush(self, s: _Sync, last: bool, p: _Plan, keep: bool,
-               replay: Optional[_Replay] = None) -> Message:
+    def _flush(self, s: _Sync, last: bool, p: _Plan,
+               replay: Optional[_Replay]) -> Message:
+        """Pack the bucket and make its Message; with `replay`, recorded
+        there and its copies kept."""
+        sig = None
         if replay is not None:
             sig = tuple(t.data_ptr() for _, t in s.pairs)
             replay.buckets.append((s.entries, s.pairs, sig))
-            self._pack(s, p, keep, sig)
-        else:
-            self._pack(s, p, keep)
+        self._pack(s, p, sig)
         return self._message(s, last, p)
 
     def drain(self, receive_ack: Union[Callable[[], Ack], Channel],
