@@ -4,8 +4,10 @@ trainer's copy into a bucket) and its receiver's load (the copy out).
 
 For the weights of --model uniform (512 bf16 tensors of 0.1, 2 and 8 GiB
 in all) and llama8b (the shapes of an 8B Llama-style model, 15 GiB),
-each way in the same run, into one classic flat buffer ("in") or out of
-it into the tensors ("out"):
+each way in the same run, into one classic flat buffer ("in"), out of
+it into the tensors ("out"), or from each tensor straight into another
+tensor of its own, allocated apart ("across": the one-copy mode's
+copies, trainer weights into engine weights):
 
   reference    one copy_ of a single tensor of the same total bytes
   copy_        one Tensor.copy_ per tensor (cudaMemcpyAsync, device to
@@ -17,6 +19,11 @@ it into the tensors ("out"):
                seen as int64
   graph        the copy_ per tensor captured once in a CUDA graph, each
                sync one replay
+  streams-K    across: the copy_ per tensor dealt round-robin to K
+               streams (K = 2, 4), so that one copy's ramp overlaps
+               another's tail
+  graph-K      across: the same captured once in a CUDA graph of K
+               parallel branches
 
 Every view a method needs is made before it is timed (a sync that
 follows its plan makes none).  Each is checked (the destination zeroed,
@@ -61,11 +68,29 @@ def graphed(fn: Callable[[], None]) -> Callable[[], None]:
     return g.replay
 
 
+def dealt(pairs: List[Tuple[torch.Tensor, torch.Tensor]], k: int,
+          streams: List[Any]) -> Callable[[], None]:
+    """The copy_ of each pair, dealt round-robin to `k` streams that fork
+    from the current one and join it again."""
+    def run() -> None:
+        here = torch.cuda.current_stream()
+        for s in streams[:k]:
+            s.wait_stream(here)
+        for i, (d, s_) in enumerate(pairs):
+            with torch.cuda.stream(streams[i % k]):
+                d.copy_(s_)
+        for s in streams[:k]:
+            here.wait_stream(s)
+    return run
+
+
 def methods(tensors: List[torch.Tensor], flat: torch.Tensor,
-            whole: torch.Tensor, way: str) -> Dict[str, Callable[[], None]]:
+            whole: torch.Tensor, way: str,
+            others: List[torch.Tensor]) -> Dict[str, Callable[[], None]]:
     parts = [v.view(t.shape) for v, t in
              zip(flat.split([t.numel() for t in tensors]), tensors)]
-    src, dst = (tensors, parts) if way == "in" else (parts, tensors)
+    src, dst = {"in": (tensors, parts), "out": (parts, tensors),
+                "across": (tensors, others)}[way]
     isrc, idst = as_int(src), as_int(dst)
     flat_int = flat.view(torch.int64)
     sizes = [t.numel() for t in idst] if way == "out" else []
@@ -83,10 +108,15 @@ def methods(tensors: List[torch.Tensor], flat: torch.Tensor,
     }
     if way == "in":
         out["cat"] = lambda: torch.cat(isrc, out=flat_int)
-    else:
+    elif way == "out":
         out["split-copy"] = lambda: torch.split_with_sizes_copy(
             flat_int, sizes, out=idst)
     out["graph"] = graphed(each)
+    if way == "across":
+        streams = [torch.cuda.Stream() for _ in range(4)]
+        for k in (2, 4):
+            out[f"streams-{k}"] = dealt(pairs, k, streams)
+            out[f"graph-{k}"] = graphed(dealt(pairs, k, streams))
     return out
 
 
@@ -115,26 +145,31 @@ def main() -> None:
         n = sum(t.numel() for t in tensors)
         with allocconf.ipc_safe():  # the buffer in classic memory
             flat = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+            # the engine's weights, each its own allocation
+            others = [torch.empty_like(t) for t in tensors]
         whole = torch.ones(n, dtype=torch.bfloat16, device="cuda")
         nbytes = n * 2
         figures: Dict[str, Any] = {}
-        for way in ("in", "out"):
+        for way in ("in", "out", "across"):
             flat.fill_(1.0)
-            for name, fn in methods(tensors, flat, whole, way).items():
-                target = flat if way == "in" else tensors
+            for t in tensors:
+                t.fill_(1.0)
+            for name, fn in methods(tensors, flat, whole, way,
+                                    others).items():
+                target = {"in": [flat], "out": tensors,
+                          "across": others}[way]
                 if way == "in":
                     flat.zero_()
                 else:
-                    torch._foreach_zero_(tensors)
+                    torch._foreach_zero_(target)
                     whole.zero_()
                 fn()
                 torch.cuda.synchronize()
-                ok = (torch.equal(flat, torch.ones_like(flat)) if way == "in"
-                      else (torch.equal(whole, torch.ones_like(whole))
-                            if name == "reference" else
-                            all(bool((t == 1).all()) for t in target)))
+                ok = (torch.equal(whole, torch.ones_like(whole))
+                      if name == "reference" and way != "in" else
+                      all(bool((t == 1).all()) for t in target))
                 assert ok, (model, way, name)  # it copied everything
-                if way == "out":
+                if way != "in":
                     whole.fill_(1.0)
                 s, launch = measure(fn)
                 figures[f"{way}:{name}"] = {
@@ -146,7 +181,7 @@ def main() -> None:
                       f"(launch {launch * 1e3:6.3f} ms)", flush=True)
         record[model] = {"tensors": len(tensors), "gib": nbytes / GiB,
                          "methods": figures}
-        del tensors, flat, whole
+        del tensors, flat, whole, others
         torch.cuda.empty_cache()
     save("copy_methods", record, out_dir_arg())
 
