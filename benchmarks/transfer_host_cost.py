@@ -1,0 +1,142 @@
+"""Where a warm allocconf.transfer sync spends its host time: the
+transfer approach of ipc_sync.py (512 bf16 tensors of --gib GiB, default
+0.1; 30 warm syncs), with the transfer's steps on both sides (trainer
+and engine) wrapped in timers.  Prints, per step, how often it ran and
+its median and mean host time, and writes
+transfer_host_cost_{trainer,engine}_{gib}.json.
+
+The timers add about a microsecond per call; the channel's get includes
+the wait for the peer, so it tells no cost of its own.  First it prints
+the round trip of a tuple shaped like a Message (its fields' types and
+sizes) to a spawned echo process and back, over two multiprocessing
+queues and over a pipe: the floor of a hand-over.
+
+Usage: python benchmarks/transfer_host_cost.py [GIB] (OUT: $OUT, else .)
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, DefaultDict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.argv[1:2] != ["--gib"]:  # a spawned engine inherits the argv set here
+    sys.argv = ["ipc_sync.py", "--gib",
+                sys.argv[1] if len(sys.argv) > 1 else "0.1",
+                "--warm", "30", "--only", "transfer"]
+sys.path.insert(0, HERE)
+
+import ipc_sync  # noqa: E402
+from allocconf import transfer as T  # noqa: E402
+
+TIMES: DefaultDict[str, List[float]] = collections.defaultdict(list)
+
+
+def timed(cls: Any, name: str) -> None:
+    f: Callable[..., Any] = getattr(cls, name)
+
+    def wrapper(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            TIMES[f"{cls.__name__}.{name}"].append(time.perf_counter() - t)
+    setattr(cls, name, wrapper)
+
+
+def instrument() -> None:
+    for n in ("get", "put"):
+        timed(T.Channel, n)
+    for n in ("load", "_ack", "_wait", "_bucket", "serve"):
+        timed(T.Receiver, n)
+    for n in ("_pack", "_message", "_take", "acknowledge", "drain", "sync"):
+        timed(T.Sender, n)
+    timed(T._Replay, "unchanged")
+    timed(T._Program, "run")
+
+
+def report(who: str) -> None:
+    out = {k: {"calls": len(v), "median_us": statistics.median(v) * 1e6,
+               "mean_us": sum(v) / len(v) * 1e6}
+           for k, v in sorted(TIMES.items()) if v}
+    path = os.path.join(os.environ.get("OUT", "."),
+                        f"transfer_host_cost_{who}_{sys.argv[2]}.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    for k, r in out.items():
+        print(f"{who:8} {k:24} calls {r['calls']:4d} median "
+              f"{r['median_us']:8.1f} us  mean {r['mean_us']:8.1f} us",
+              flush=True)
+
+
+def echo_queues(inbox: Any, outbox: Any) -> None:
+    while True:
+        x = inbox.get()
+        if x is None:
+            return
+        outbox.put(x)
+
+
+def echo_pipe(conn: Any) -> None:
+    while True:
+        x = conn.recv()
+        if x is None:
+            return
+        conn.send(x)
+
+
+def round_trips() -> None:
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    msg = ("m", "a" * 32, 3, 0, 0, True, (print, tuple(range(12))),
+           b"x" * 64, "GPU-uuid", "p" * 32, None, "bucket")
+    a, b = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=echo_queues, args=(a, b))
+    p.start()
+    a.put(msg)
+    b.get()
+    ts = []
+    for _ in range(300):
+        t = time.perf_counter()
+        a.put(msg)
+        b.get()
+        ts.append(time.perf_counter() - t)
+    a.put(None)
+    p.join()
+    print(f"multiprocessing queues: round trip "
+          f"{statistics.median(ts) * 1e6:.1f} us (median of 300)")
+    c1, c2 = ctx.Pipe()
+    p = ctx.Process(target=echo_pipe, args=(c2,))
+    p.start()
+    c1.send(msg)
+    c1.recv()
+    ts = []
+    for _ in range(300):
+        t = time.perf_counter()
+        c1.send(msg)
+        c1.recv()
+        ts.append(time.perf_counter() - t)
+    c1.send(None)
+    p.join()
+    print(f"pipe: round trip {statistics.median(ts) * 1e6:.1f} us "
+          f"(median of 300)", flush=True)
+
+
+def engine(*args: Any) -> None:
+    instrument()
+    try:
+        ipc_sync.receiver(*args)
+    finally:
+        report("engine")
+
+
+if __name__ == "__main__":
+    round_trips()
+    instrument()
+    ipc_sync.receiver = engine  # what ipc_sync.run() spawns
+    ipc_sync.main()
+    report("trainer")
