@@ -89,6 +89,22 @@ def echo_pipe(conn: Any) -> None:
         conn.send(x)
 
 
+def median_round_trip(put: Callable[[Any], None], get: Callable[[], Any],
+                      msg: Any, n: int = 300) -> float:
+    """Seconds for `msg` to go to the echo process and back, median of
+    `n` after one warm-up; the echo then told to stop."""
+    put(msg)
+    get()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        put(msg)
+        get()
+        ts.append(time.perf_counter() - t)
+    put(None)
+    return statistics.median(ts)
+
+
 def round_trips() -> None:
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
@@ -97,33 +113,17 @@ def round_trips() -> None:
     a, b = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=echo_queues, args=(a, b))
     p.start()
-    a.put(msg)
-    b.get()
-    ts = []
-    for _ in range(300):
-        t = time.perf_counter()
-        a.put(msg)
-        b.get()
-        ts.append(time.perf_counter() - t)
-    a.put(None)
+    q = median_round_trip(a.put, b.get, msg)
     p.join()
-    print(f"multiprocessing queues: round trip "
-          f"{statistics.median(ts) * 1e6:.1f} us (median of 300)")
+    print(f"multiprocessing queues: round trip {q * 1e6:.1f} us "
+          f"(median of 300)")
     c1, c2 = ctx.Pipe()
     p = ctx.Process(target=echo_pipe, args=(c2,))
     p.start()
-    c1.send(msg)
-    c1.recv()
-    ts = []
-    for _ in range(300):
-        t = time.perf_counter()
-        c1.send(msg)
-        c1.recv()
-        ts.append(time.perf_counter() - t)
-    c1.send(None)
+    pipe = median_round_trip(c1.send, c1.recv, msg)
     p.join()
-    print(f"pipe: round trip {statistics.median(ts) * 1e6:.1f} us "
-          f"(median of 300)", flush=True)
+    print(f"pipe: round trip {pipe * 1e6:.1f} us (median of 300)",
+          flush=True)
 
 
 def engine(*args: Any) -> None:
