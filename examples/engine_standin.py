@@ -14,6 +14,15 @@ it for every bucket of a sync::
     receiver = Receiver()
     receiver.serve(channel, load_weights=engine.load_weights)
 
+For the one-copy mode the engine exports ``Engine.targets()`` instead
+(its weights allocated inside ``allocconf.ipc_safe()``, so that classic
+CUDA IPC can share them) and the trainer writes straight into them::
+
+    with allocconf.ipc_safe():
+        engine = Engine(layers=2, hidden=64, device="cuda")
+    targets = Targets(engine.targets())
+    targets.serve(channel)            # the trainer: Writer().sync(...)
+
 ``hf_weights()`` makes the matching Hugging Face state dict (with the tied
 ``lm_head.weight``) for a trainer, and ``Engine.matches()`` checks an
 engine against it, value for value.
@@ -83,6 +92,23 @@ class Engine:
                     self.params[name].copy_(w)
                 loaded.add(name)
         return loaded
+
+    def targets(self) -> Dict[str, torch.Tensor]:
+        """For the one-copy mode (allocconf.transfer.Targets): each
+        Hugging Face name the trainer sends, and the engine tensor it
+        lands in: the stacked ones as the rows of their fused parameter,
+        as ``load_weights`` puts them; the tied ``lm_head.weight`` not at
+        all (the trainer's copy of the embedding is written once)."""
+        out: Dict[str, torch.Tensor] = {}
+        for name, param in self.params.items():
+            stacked = [(fused, part, shard) for fused, part, shard in STACKED
+                       if fused in name]
+            if not stacked:
+                out[name] = param
+            for fused, part, shard in stacked:
+                start, rows = self.shards[shard]
+                out[name.replace(fused, part)] = param[start:start + rows]
+        return out
 
     def matches(self, hf: Dict[str, torch.Tensor]) -> bool:
         """Whether every parameter holds what `hf` says, bit for bit."""

@@ -40,7 +40,9 @@ import torch
 import allocconf
 
 __all__ = ["Entry", "Message", "Ack", "Sender", "Receiver", "Channel",
-           "SyncResult", "TransferError", "plan"]
+           "SyncResult", "TransferError", "plan",
+           # the one-copy mode (allocconf/_onecopy.py)
+           "Target", "TargetMap", "Offer", "Written", "Targets", "Writer"]
 
 #: Byte alignment of every tensor in a buffer: enough for any dtype's
 #: view and for vectorised copies.
@@ -119,13 +121,14 @@ class Ack:
 
 @dataclass(frozen=True)
 class SyncResult:
-    """What :meth:`Receiver.serve` took: the sync's number, whether it
-    arrived whole, its buckets and tensors."""
+    """What :meth:`Receiver.serve` (or :meth:`Targets.serve`) took: the
+    sync's number, whether it arrived whole, its buckets and tensors."""
 
     sync: int
     complete: bool
     buckets: int
     tensors: int
+    error: Optional[str] = None  # one-copy: why the trainer's write failed
 
 
 def _align(n: int, align: int = ALIGN) -> int:
@@ -208,7 +211,8 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _check(name: Any, t: Any, device: torch.device) -> None:
+def _check(name: Any, t: Any, device: torch.device,
+           where: str = "this sender's buffers") -> None:
     """A clear error for what cannot be packed, naming it."""
     if not isinstance(name, str):
         raise TypeError(f"allocconf.transfer: names must be str, got "
@@ -218,12 +222,23 @@ def _check(name: Any, t: Any, device: torch.device) -> None:
                         f"{type(t).__name__}, not a tensor")
     if t.device != device:
         raise ValueError(f"allocconf.transfer: {name!r} is on {t.device}; "
-                         f"this sender's buffers are on {device}")
+                         f"{where} are on {device}")
     if not t.is_contiguous():
         raise ValueError(
             f"allocconf.transfer: {name!r} is not contiguous (shape "
             f"{list(t.shape)}, stride {list(t.stride())}); pass "
             f"t.contiguous()")
+
+
+def _casts(cast: Optional[Mapping[torch.dtype, torch.dtype]]
+           ) -> Dict[torch.dtype, torch.dtype]:
+    """`cast` (a dtype to the one to send it as) checked, as a dict."""
+    casts = dict(cast or {})
+    for a, b in casts.items():
+        if not (isinstance(a, torch.dtype) and isinstance(b, torch.dtype)):
+            raise TypeError(f"allocconf.transfer: cast maps dtypes to "
+                            f"dtypes, got {a!r}: {b!r}")
+    return casts
 
 
 def _piece(buf: torch.Tensor, e: Entry) -> torch.Tensor:
@@ -377,6 +392,10 @@ class _Cuda:
         self._stream = _cuda.Stream(self.device)
         self._events: Dict[Tuple[int, bytes], Any] = {}
         self._local: Dict[str, int] = {}  # GPU UUID -> index here
+        self._branches: List[Any] = []  # streams of captured graphs
+        # Events that order the copy stream after the current one and
+        # back, made once (Stream.wait_stream makes one per call).
+        self._marks = (_cuda.Event(), _cuda.Event())
 
     @staticmethod
     def uuid_of(index: int) -> str:
@@ -429,13 +448,17 @@ class _Cuda:
         """Enter the copy stream, after the work queued so far on the
         current stream (the sources' producers)."""
         s = self._stream
-        s.wait_stream(torch.cuda.current_stream(self.device))
+        mark = self._marks[0]  # reused: a wait takes the record before it
+        mark.record(torch.cuda.current_stream(self.device))
+        s.wait_event(mark)
         return _cuda.stream(s)
 
     def done(self) -> None:
         """The current stream waits for the copies (a source the producer
         writes again, a scratch tensor reused)."""
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        mark = self._marks[1]
+        mark.record(self._stream)
+        torch.cuda.current_stream(self.device).wait_event(mark)
 
     def record(self, ev: Any) -> None:
         ev.record(torch.cuda.current_stream(self.device))
@@ -455,6 +478,46 @@ class _Cuda:
         gone = set(handles)
         for k in [k for k in self._events if k[1] in gone]:
             del self._events[k]
+
+    # -- for the one-copy mode (allocconf._onecopy) ----------------------
+
+    def capable(self, t: torch.Tensor) -> bool:
+        """Whether classic CUDA IPC can share `t`'s memory."""
+        return allocconf.ipc_capable(t)
+
+    def graph(self, branches: Sequence[Callable[[], None]]
+              ) -> Optional[Callable[[], None]]:
+        """`branches` captured once as parallel branches of one CUDA
+        graph; its replay (on the current stream), or None where capture
+        failed (the caller runs them eagerly instead).  Captured with
+        ``capture_begin(capture_error_mode="thread_local")`` on a side
+        stream: the ``torch.cuda.graph`` context would synchronise,
+        collect garbage and empty the cache (docs/design.md)."""
+        while len(self._branches) < len(branches):
+            self._branches.append(_cuda.Stream(self.device))
+        g = _cuda.CUDAGraph()
+        side = self._branches[0]
+        current = torch.cuda.current_stream(self.device)
+        side.wait_stream(current)
+        try:
+            with _cuda.stream(side):
+                g.capture_begin(capture_error_mode="thread_local")
+                try:
+                    rest = self._branches[1:len(branches)]
+                    for stream, fn in zip(rest, branches[1:]):
+                        stream.wait_stream(side)
+                        with _cuda.stream(stream):
+                            fn()
+                    branches[0]()
+                    for stream in rest:
+                        side.wait_stream(stream)
+                finally:
+                    g.capture_end()
+        except Exception:
+            return None
+        current.wait_stream(side)
+        replay: Callable[[], None] = g.replay
+        return replay
 
 
 class Channel:
@@ -576,25 +639,18 @@ class _Sync:
         self.whole = True        # every message carried the final plan
 
 
-class _Replay:
-    """A state dict's sync, kept to be sent again as it was: the tensors
-    (each with its address, dtype and shape then), the plan and its
-    buckets (entries, sources, the sources' addresses).  A sync of the
-    same tensors, unchanged, reuses it all: no per-tensor work beyond
-    checking them, and the copies made once."""
+class _Sources:
+    """The tensors of a state dict as they were when a sync was made of
+    them (each with its address, dtype and shape then), and the casts: a
+    later sync of the same tensors, unchanged, is made the same way."""
 
-    def __init__(self, plan: "_Plan", casts: Dict[torch.dtype, torch.dtype]
-                 ) -> None:
-        self.plan = plan
+    def __init__(self, casts: Dict[torch.dtype, torch.dtype]) -> None:
         self.casts = casts
         self.names: List[str] = []
         self.tensors: List[torch.Tensor] = []
         self.ptrs: List[int] = []
         self.dtypes: List[torch.dtype] = []
         self.shapes: List[torch.Size] = []
-        self.buckets: List[Tuple[List[Entry],
-                                 List[Tuple[Entry, torch.Tensor]],
-                                 Tuple[int, ...]]] = []
 
     def add(self, name: str, t: torch.Tensor) -> None:
         self.names.append(name)
@@ -618,6 +674,21 @@ class _Replay:
         return ([t.data_ptr() for t in ts] == self.ptrs
                 and [t.dtype for t in ts] == self.dtypes
                 and [t.shape for t in ts] == self.shapes)
+
+
+class _Replay(_Sources):
+    """A state dict's sync, kept to be sent again as it was: its sources,
+    the plan and its buckets (entries, sources, the sources' addresses).
+    A sync of the same tensors, unchanged, reuses it all: no per-tensor
+    work beyond checking them, and the copies made once."""
+
+    def __init__(self, plan: "_Plan", casts: Dict[torch.dtype, torch.dtype]
+                 ) -> None:
+        super().__init__(casts)
+        self.plan = plan
+        self.buckets: List[Tuple[List[Entry],
+                                 List[Tuple[Entry, torch.Tensor]],
+                                 Tuple[int, ...]]] = []
 
 
 class Sender:
@@ -760,11 +831,7 @@ class Sender:
         wrote."""
         if self._closed:
             raise RuntimeError("allocconf.transfer: this Sender is closed")
-        casts = dict(cast or {})
-        for a, b in casts.items():
-            if not (isinstance(a, torch.dtype) and isinstance(b, torch.dtype)):
-                raise TypeError(f"allocconf.transfer: cast maps dtypes to "
-                                f"dtypes, got {a!r}: {b!r}")
+        casts = _casts(cast)
         self._sync += 1
         s = _Sync(self._sync)
         try:
@@ -1341,3 +1408,9 @@ class Receiver:
         for sender in ({s for s, _ in self._buffers} | set(self._seen)):
             self.forget(sender)
         self._bound = None
+
+
+# The one-copy mode: the trainer writes straight into the engine's
+# weights.  Last, as it builds on what is above.
+from allocconf._onecopy import (Offer, Target, TargetMap,  # noqa: E402
+                                Targets, Writer, Written)

@@ -19,8 +19,10 @@ class HostOps:
     device = -1
     torch_device = torch.device("cpu")
 
-    def __init__(self, log=None, uuid="host-gpu-0", visible=None):
+    def __init__(self, log=None, uuid="host-gpu-0", visible=None,
+                 capable=True):
         self.log = [] if log is None else log
+        self.is_capable = capable  # what the driver would say of memory
         self.uuid = uuid
         # The GPUs this "process" sees, in its own numbering.
         self.visible = [uuid] if visible is None else list(visible)
@@ -64,3 +66,8 @@ class HostOps:
 
     def forget(self, handles):
         self.forgotten.extend(handles)
+
+    # the one-copy mode's (no graph: its copies run eagerly here)
+
+    def capable(self, t):
+        return self.is_capable
