@@ -2,8 +2,9 @@
 session, each approach in each run (512 bf16 tensors of 0.1, 0.5, 1, 2, 8
 and 16 GiB in all, then the llama8b layout), and a table of what it
 measured: each approach's warm sync, the transfer's against two device
-copies of the same bytes at the bandwidth measured in that run, and what
-the trainer waits for against one copy.  Writes ipc_sync.json (every
+copies of the same bytes at the bandwidth measured in that run, what
+the trainer waits for against one copy, and the one-copy mode's against
+one copy.  Writes ipc_sync.json (every
 run's record, as ipc_sync.py saves it) and ipc_sync.svg to --out.
 
 Usage: python benchmarks/ipc_sweep.py [--out DIR] [--warm N]
@@ -41,14 +42,20 @@ def row(r: Dict[str, Any]) -> str:
             f"{t['trainer_ms']:.2f} ({t['trainer_ms'] / limit:.2f}x"
             f"{'' if r['fits_buffers'] else ', buffers reused'}) |"
             if ok else " | - | - |")
+    o = a.get("one-copy", {})
+    one = (f" {o['warm_ms'] / limit:.2f}x |"
+           if o.get("correct") is True and o.get("warm_ms") is not None
+           else " - |")
     return (f"| {size} | {r['tensors']} | {limit:.2f} | {2 * limit:.2f} | "
             + " | ".join(ms(n) for n in ("direct", "one-by-one", "pack",
-                                         "transfer")) + tail)
+                                         "transfer")) + tail
+            + f" {ms('one-copy')} |" + one)
 
 HEADER = ("| weights | tensors | one copy (ms) | two copies | direct | "
           "one-by-one | pack | transfer | transfer / two copies | "
-          "trainer waits (ms, / one copy) |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "trainer waits (ms, / one copy) | one-copy | one-copy / one copy "
+          "|\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def main() -> None:

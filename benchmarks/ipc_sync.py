@@ -13,7 +13,13 @@ engine's load_weights does.
               --capacity MiB (2 of 1024 by default), bucket after
               bucket, over a Channel; the engine's Receiver, its weights
               bound once, serves the sync (Receiver.serve)
-  (the last three copy the weights twice: into classic memory, out of it)
+  one-copy    allocconf.transfer's one-copy mode: the engine's weights
+              allocated inside ipc_safe() and exported once as Targets;
+              the engine, idle, offers them and waits (Targets.serve), so
+              a sync starts with its offer waiting; the trainer's Writer
+              writes straight into them (Writer.sync): no buffer
+  (one-by-one, pack and transfer copy the weights twice: into classic
+  memory, out of it; direct and one-copy once)
 
 Weights: --model uniform (default: --gib GiB of bf16 in --count tensors,
 8 and 512 by default; --gib may be a fraction) or
@@ -37,8 +43,9 @@ the time for the copies the approach makes.  "Trainer" is what the
 trainer waits for: from the same start until it may run its next
 optimizer step, its weights copied out (transfer: every bucket sent and
 the device done with the copies into the buffers, the engine still
-reading; pack and one-by-one: the staging copy done; direct: the whole
-sync, since the engine reads the trainer's memory).
+reading; pack and one-by-one: the staging copy done; one-copy: the
+copies into the engine done; direct: the whole sync, since the engine
+reads the trainer's memory).
 Writes ipc_sync_{model}[_{gib}][_nobody].json (the size named when
 --gib is given).
 
@@ -55,6 +62,7 @@ Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -81,15 +89,16 @@ TOTAL_GIB = float(option("--gib", "8"))
 RECEIVER_DEVICE = arg("--receiver-device", -1)
 WARM = arg("--warm", 5)
 MODEL = option("--model", "uniform")
-ONLY = option("--only", "direct,one-by-one,pack,transfer").split(",")
+ONLY = option("--only", "direct,one-by-one,pack,transfer,one-copy").split(",")
 NOBODY = "--as-nobody" in sys.argv
 COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
 #: Copies of the weights a sync makes on the GPU: direct copies out of
-#: the trainer's memory into the engine's; the others copy into classic
-#: memory first.
-COPIES = {"direct": 1, "one-by-one": 2, "pack": 2, "transfer": 2}
+#: the trainer's memory into the engine's, one-copy into it; the others
+#: copy into classic memory first.
+COPIES = {"direct": 1, "one-by-one": 2, "pack": 2, "transfer": 2,
+          "one-copy": 1}
 
 
 def llama8b_shapes() -> List[Any]:
@@ -127,25 +136,52 @@ def drop_privileges() -> None:
 
 
 def receiver(shapes: List[Any], inbox: Any, outbox: Any,
-             device: int) -> None:
+             device: int, approach: str) -> None:
     """The engine: its own weights (zeros at first), into which every
     approach copies what it is sent, as an engine's load_weights does;
     answers True once they are all in place.  ("check",) compares every
     element (outside the timed sync) and zeroes the weights again, so the
     next sync must write them all."""
-    from allocconf.transfer import Channel, Receiver
+    from allocconf.transfer import Channel, Receiver, Targets, TransferError
 
     drop_privileges()
     torch.cuda.init()
     dev = torch.device("cuda", device if device >= 0
                        else torch.cuda.current_device())
-    engine = [torch.zeros(s, dtype=torch.bfloat16, device=dev)
-              for s in shapes]
+    # one-copy: the engine's weights in classic memory, to be shared
+    with (allocconf.ipc_safe() if approach == "one-copy"
+          else contextlib.nullcontext()):
+        engine = [torch.zeros(s, dtype=torch.bfloat16, device=dev)
+                  for s in shapes]
     numels = [t.numel() for t in engine]
+    named = {f"w{i}": t for i, t in enumerate(engine)}
     rx = Receiver()
-    rx.bind({f"w{i}": t for i, t in enumerate(engine)})
+    rx.bind(named)
+    targets = Targets(named) if approach == "one-copy" else None
     channel = Channel(outbox, inbox)
     outbox.put("ready")
+
+    def idle() -> bool:
+        """one-copy: the engine, not reading its weights, offers them for
+        the next sync at once and waits for it, as an engine pausing
+        between generations would (so the trainer's sync finds the offer
+        waiting, and no command goes first); answers True once the
+        weights are in place.  False: the trainer said it is done."""
+        assert targets is not None
+        try:
+            r = targets.serve(channel, timeout=600)
+        except TransferError:
+            if targets.sync is not None and inbox.empty():
+                return False  # the trainer's None came instead
+            raise
+        if not r.complete:
+            raise RuntimeError(f"the write was incomplete: {r.error}")
+        torch.cuda.synchronize(dev)
+        outbox.put(True)
+        return True
+
+    if targets is not None and not idle():
+        return
     held = None  # the last sync's shared tensors: torch keeps their mapping
     while True:
         try:
@@ -163,6 +199,8 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
                 # start with the zeroing still queued.
                 torch.cuda.synchronize(dev)
                 outbox.put(ok)
+                if targets is not None and not idle():
+                    return
                 continue
             if kind == "transfer":  # allocconf.transfer: one whole sync
                 if not rx.serve(channel, timeout=600).complete:
@@ -233,6 +271,16 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
         torch.cuda.synchronize()
         state["trainer"] = time.perf_counter()
         inbox.put(("list", state["staging"]))
+    elif approach == "one-copy":
+        from allocconf.transfer import Channel, Writer
+        if "writer" not in state:
+            state["writer"] = Writer(timeout=600)
+            state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
+            state["channel"] = Channel(inbox, outbox)
+        # No command: the engine's offer is waiting (receiver's idle()).
+        state["writer"].sync(state["channel"], state["named"])
+        torch.cuda.current_stream().synchronize()
+        state["trainer"] = time.perf_counter()
     else:
         from allocconf.transfer import Channel, Sender
         if "sender" not in state:
@@ -267,7 +315,7 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     inbox, outbox = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=receiver,
                        args=([tuple(w.shape) for w in weights], inbox, outbox,
-                             RECEIVER_DEVICE))
+                             RECEIVER_DEVICE, approach))
     proc.start()
     assert outbox.get(timeout=300) == "ready"
     torch.cuda.synchronize()
@@ -303,9 +351,15 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         shared: Any = state["sender"].buffers[0]
     elif "staging" in state:
         shared = state["staging"]
+    elif "writer" in state:  # the engine's memory (it checked it)
+        shared = None
+        if state["writer"].graphed:
+            print("  one-copy: copies replayed from a CUDA graph",
+                  flush=True)
     else:
         shared = weights
-    first = shared if isinstance(shared, torch.Tensor) else shared[0]
+    first = (None if shared is None else shared
+             if isinstance(shared, torch.Tensor) else shared[0])
     result = {
         "cold_ms": times[0] * 1e3,
         "warm_ms": median(times[1:]) * 1e3 if len(times) > 1 else None,
@@ -314,7 +368,8 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
                        else None),
         "extra_gib": extra / GiB,
         "correct": ok,
-        "shared_ipc_capable": allocconf.ipc_capable(first),
+        "shared_ipc_capable": (True if first is None
+                               else allocconf.ipc_capable(first)),
     }
     del state, shared, first
     torch.cuda.empty_cache()

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 from xml.sax.saxutils import escape
 
 COLOURS = {"direct": "#888888", "one-by-one": "#c9a227", "pack": "#4a7fb5",
-           "transfer": "#2e9e5b"}
+           "transfer": "#2e9e5b", "one-copy": "#b5473a"}
 BAR, GAP, LEFT, WIDTH = 18, 14, 190, 460
 
 

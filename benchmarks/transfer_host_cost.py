@@ -11,7 +11,13 @@ the round trip of a tuple shaped like a Message (its fields' types and
 sizes) to a spawned echo process and back, over two multiprocessing
 queues and over a pipe: the floor of a hand-over.
 
-Usage: python benchmarks/transfer_host_cost.py [GIB] (OUT: $OUT, else .)
+With APPROACH one-copy the one-copy mode is timed instead (Writer and
+Targets), and the device time of each replay of its copies (CUDA events
+on the copy stream around it) is printed with the bytes' one-memcpy
+time; the files are then named ..._{gib}_one-copy.json.
+
+Usage: python benchmarks/transfer_host_cost.py [GIB [APPROACH]]
+       (OUT: $OUT, else .)
 """
 from __future__ import annotations
 
@@ -27,7 +33,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.argv[1:2] != ["--gib"]:  # a spawned engine inherits the argv set here
     sys.argv = ["ipc_sync.py", "--gib",
                 sys.argv[1] if len(sys.argv) > 1 else "0.1",
-                "--warm", "30", "--only", "transfer"]
+                "--warm", "30", "--only",
+                sys.argv[2] if len(sys.argv) > 2 else "transfer"]
+APPROACH = sys.argv[sys.argv.index("--only") + 1]
+SUFFIX = "" if APPROACH == "transfer" else f"_{APPROACH}"
 sys.path.insert(0, HERE)
 
 import ipc_sync  # noqa: E402
@@ -48,9 +57,40 @@ def timed(cls: Any, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
+DEVICE: List[Any] = []  # (start, end) events around each replay
+
+
+def device_timed(cls: Any, name: str) -> None:
+    import torch
+    f: Callable[..., Any] = getattr(cls, name)
+
+    def wrapper(*a: Any, **k: Any) -> Any:
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+        try:
+            return f(*a, **k)
+        finally:
+            ev[1].record()
+            DEVICE.append(ev)
+    setattr(cls, name, wrapper)
+
+
 def instrument() -> None:
     for n in ("get", "put"):
         timed(T.Channel, n)
+    if APPROACH == "one-copy":
+        for n in ("write", "_write_all", "sync"):
+            timed(T.Writer, n)
+        for n in ("offer", "check", "accept", "serve"):
+            timed(T.Targets, n)
+        for n in ("same", "unchanged"):
+            timed(T._Sources, n)
+        for n in ("begin", "wait", "record", "done"):
+            timed(T._Cuda, n)
+        from allocconf import _onecopy
+        timed(_onecopy._Copies, "run")
+        device_timed(_onecopy._Copies, "run")
+        return
     for n in ("load", "_ack", "_wait", "_bucket", "serve"):
         timed(T.Receiver, n)
     for n in ("_pack", "_message", "_take", "acknowledge", "drain", "sync"):
@@ -64,10 +104,22 @@ def report(who: str) -> None:
                "mean_us": sum(v) / len(v) * 1e6}
            for k, v in sorted(TIMES.items()) if v}
     path = os.path.join(os.environ.get("OUT", "."),
-                        f"transfer_host_cost_{who}_{sys.argv[2]}.json")
+                        f"transfer_host_cost_{who}_{sys.argv[2]}"
+                        f"{SUFFIX}.json")
+    if DEVICE:
+        import torch
+        torch.cuda.synchronize()
+        ms = [a.elapsed_time(b) for a, b in DEVICE]
+        out["device_replay_ms"] = {"calls": len(ms),
+                                   "median_ms": statistics.median(ms[1:])}
+        print(f"{who:8} copies on the device: median "
+              f"{statistics.median(ms[1:]):.3f} ms per sync "
+              f"(of {len(ms)})", flush=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     for k, r in out.items():
+        if "calls" not in r or "median_us" not in r:
+            continue
         print(f"{who:8} {k:24} calls {r['calls']:4d} median "
               f"{r['median_us']:8.1f} us  mean {r['mean_us']:8.1f} us",
               flush=True)
