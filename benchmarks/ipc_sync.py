@@ -18,6 +18,8 @@ engine's load_weights does.
               the engine, idle, offers them and waits (Targets.serve), so
               a sync starts with its offer waiting; the trainer's Writer
               writes straight into them (Writer.sync): no buffer
+              (--branches N: the parallel lanes of its copies' CUDA
+              graph, Writer.BRANCHES)
   (one-by-one, pack and transfer copy the weights twice: into classic
   memory, out of it; direct and one-copy once)
 
@@ -57,7 +59,7 @@ its GPU N.
 
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
            [--warm N] [--model uniform|llama8b] [--only a,b]
-           [--capacity MIB] [--buffers N] [--as-nobody]
+           [--capacity MIB] [--buffers N] [--branches N] [--as-nobody]
            [--receiver-device N]
 """
 from __future__ import annotations
@@ -94,6 +96,7 @@ NOBODY = "--as-nobody" in sys.argv
 COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
+BRANCHES = arg("--branches", 0)  # one-copy: Writer.BRANCHES (0: its own)
 #: Copies of the weights a sync makes on the GPU: direct copies out of
 #: the trainer's memory into the engine's, one-copy into it; the others
 #: copy into classic memory first.
@@ -274,6 +277,8 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
     elif approach == "one-copy":
         from allocconf.transfer import Channel, Writer
         if "writer" not in state:
+            if BRANCHES:
+                Writer.BRANCHES = BRANCHES
             state["writer"] = Writer(timeout=600)
             state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
             state["channel"] = Channel(inbox, outbox)

@@ -3,6 +3,7 @@ expandable segments pushes its weights to an inference worker through
 classic CUDA IPC, bucket after bucket, with allocconf.transfer.
 
     python examples/rl_weight_sync.py [--steps N] [--layers N] [--width N]
+                                      [--one-copy]
 
 The trainer trains (expandable segments: no fragmentation), then for each
 sync packs its parameters into two reusable 64 MiB buffers that a Sender
@@ -13,6 +14,11 @@ inference engine would be) opens each buffer once, loads every bucket into
 its own model and acknowledges it; a buffer is refilled only after its
 acknowledgement.  The worker answers each sync with a checksum, which the
 trainer checks.  Exits 0 when every sync arrived intact.
+
+With --one-copy there are no buffers: the worker allocates its model
+inside ``ipc_safe()`` and exports its parameters once (``Targets``); for
+each sync it offers them and the trainer's ``Writer`` writes straight
+into them.
 """
 from __future__ import annotations
 
@@ -34,43 +40,61 @@ def checksum(tensors: list[torch.Tensor]) -> float:
     return float(sum(t.float().sum().item() for t in tensors))
 
 
-def worker(layers: int, width: int, inbox, outbox) -> None:
-    """The inference side: load each bucket into its own weights."""
-    from allocconf.transfer import Receiver
+def worker(layers: int, width: int, inbox, outbox, one_copy: bool) -> None:
+    """The inference side: load each bucket into its own weights, or,
+    with one_copy, let the trainer write them in place."""
+    from allocconf.transfer import Channel, Receiver, Targets
 
-    model = make_model(layers, width, "cuda")
+    if one_copy:  # weights in classic memory, exported once
+        with allocconf.ipc_safe():
+            model = make_model(layers, width, "cuda")
+        targets = Targets(dict(model.named_parameters()))
+    else:
+        model = make_model(layers, width, "cuda")
     weights = dict(model.named_parameters())
     receiver = Receiver()
+    channel = Channel(outbox, inbox)  # one-copy: the map goes over it once
     while True:
         msg = inbox.get()
         if msg is None:
             return
-        with torch.no_grad():
-            outbox.put(receiver.load(msg, into=weights))  # the Ack
-        if msg.last:
-            torch.cuda.synchronize()
-            outbox.put(checksum(list(weights.values())))
+        if one_copy:  # "sync": offer the weights, take the trainer's write
+            if not targets.serve(channel, timeout=300).complete:
+                raise RuntimeError("the trainer's write failed")
+        else:
+            with torch.no_grad():
+                outbox.put(receiver.load(msg, into=weights))  # the Ack
+            if not msg.last:
+                continue
+        torch.cuda.synchronize()
+        outbox.put(checksum(list(weights.values())))
 
 
 def main() -> int:
-    from allocconf.transfer import Sender
+    from allocconf.transfer import Channel, Sender, Writer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--one-copy", action="store_true",
+                    help="write straight into the worker's weights "
+                         "(Writer/Targets) instead of through buffers")
     args = ap.parse_args()
     assert allocconf.status().expandable_segments, allocconf.status().reason
 
     model = make_model(args.layers, args.width, "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    # Two reusable buffers, allocated once inside ipc_safe().
-    sender = Sender(64 << 20, buffers=2)
+    # Two reusable buffers, allocated once inside ipc_safe(); or none.
+    sender = None if args.one_copy else Sender(64 << 20, buffers=2)
+    writer = Writer(timeout=300) if args.one_copy else None
 
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
+    channel = Channel(inbox, outbox)  # one-copy: the worker's offers, back
     proc = ctx.Process(target=worker,
-                       args=(args.layers, args.width, inbox, outbox))
+                       args=(args.layers, args.width, inbox, outbox,
+                             args.one_copy))
     proc.start()
     ok = True
     for step in range(args.steps):
@@ -82,9 +106,14 @@ def main() -> int:
 
         t0 = time.perf_counter()
         weights = {n: p.detach() for n, p in model.named_parameters()}
-        for msg in sender.send(weights, receive_ack=outbox.get):
-            inbox.put(msg)
-        sender.drain(outbox.get)
+        if writer is not None:
+            inbox.put("sync")  # the worker offers, the trainer writes
+            writer.sync(channel, weights)
+        else:
+            assert sender is not None
+            for msg in sender.send(weights, receive_ack=outbox.get):
+                inbox.put(msg)
+            sender.drain(outbox.get)
         got = outbox.get(timeout=300)
         ms = (time.perf_counter() - t0) * 1e3
         want = checksum(list(weights.values()))
@@ -92,11 +121,15 @@ def main() -> int:
         ok &= same
         print(f"step {step}: loss {loss.item():.4f}, sync {ms:.1f} ms, "
               f"worker checksum {'matches' if same else 'DIFFERS'}")
+    if writer is not None:
+        writer.close()  # let go of the worker's weights before it exits
     inbox.put(None)
     proc.join(timeout=120)
+    where = ("worker weights classic, written in place" if sender is None
+             else f"sync buffers classic (ipc_capable="
+                  f"{allocconf.ipc_capable(sender.buffers[0])})")
     print(f"{'all syncs intact' if ok else 'SYNC FAILED'}; segments: "
-          f"trainer weights expandable, sync buffers classic "
-          f"(ipc_capable={allocconf.ipc_capable(sender.buffers[0])})")
+          f"trainer weights expandable, {where}")
     return 0 if ok and proc.exitcode == 0 else 1
 
 

@@ -438,3 +438,16 @@ def test_under_warnings_as_errors_with_a_name_whose_str_raises():
     assert out["first"] is True and out["second"] is False
     assert "not among the engine's" in out["error"]
     assert out["matches"] is True
+
+
+def test_the_map_announced_again_is_opened_once():
+    e = engine()
+    link = Link(e.targets())
+    hf = hf_weights(2, 8, 16, seed=10)
+    link.sync(hf)
+    # A new channel object (a restarted engine loop) sends the map again.
+    link.engine_side = Channel(_Pickling(link.to_trainer), link.to_engine)
+    r, w = link.sync(hf)
+    assert r.complete and e.matches(hf)
+    opens = [x for x in link.log if x[:2] == ("trainer", "open")]
+    assert len(opens) == len(link.targets.map.storages)  # the first time

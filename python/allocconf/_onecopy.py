@@ -1,6 +1,7 @@
 """One copy: the trainer writes straight into the engine's weights
-(docs/rl-weight-sync.md, "One copy"; docs/design.md, "One copy, into the
-engine's weights").  Imported and re-exported by allocconf.transfer.
+(docs/rl-weight-sync.md, "One copy: straight into the engine's weights";
+docs/design.md, "One copy, into the engine's weights").  Imported and
+re-exported by allocconf.transfer.
 
 The engine exports its targets once (:class:`Targets`): per name the
 trainer sends, the engine tensor it lands in, a whole parameter or the
@@ -396,8 +397,8 @@ def _lane(copies: Sequence[_Copy]) -> Callable[[], None]:
 
 class _Copies:
     """The copies of one sync layout, made once and replayed while the
-    sources stay as they were (docs/design.md, "How the one-copy mode
-    copies"): a copy of at least SMALL bytes is its own ``copy_`` (a
+    sources stay as they were (docs/design.md, "One copy, into the
+    engine's weights"): a copy of at least SMALL bytes is its own ``copy_`` (a
     memcpy, or a cast); smaller ones go together in one
     ``_foreach_copy_`` per kind, as the widest integers that tile them
     when uncast (bit for bit: never through float).  The copies are dealt
@@ -509,6 +510,8 @@ class Writer:
         if not isinstance(tmap, TargetMap):
             raise TypeError(f"allocconf.transfer: open() takes the "
                             f"engine's TargetMap, got {type(tmap).__name__}")
+        if self.map is not None and tmap.id == self.map.id:
+            return  # announced again (a new channel): already open
         device = self._ops.local(tmap.device)
         storages = [self._ops.open(h, device) for h in tmap.storages]
         views: Dict[str, Tuple[torch.Tensor, _Span]] = {}

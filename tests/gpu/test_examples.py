@@ -21,3 +21,14 @@ def test_rl_weight_sync_recipe():
     assert proc.stdout.count("worker checksum matches") == 3
     assert "all syncs intact" in proc.stdout
     assert "ipc_capable=True" in proc.stdout
+
+
+def test_rl_weight_sync_recipe_one_copy():
+    proc = subprocess.run([sys.executable, EXAMPLE, "--steps", "3",
+                           "--one-copy"],
+                          capture_output=True, text=True, timeout=600,
+                          env=child_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("worker checksum matches") == 3
+    assert "all syncs intact" in proc.stdout
+    assert "worker weights classic, written in place" in proc.stdout
