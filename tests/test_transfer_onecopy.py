@@ -451,3 +451,33 @@ def test_the_map_announced_again_is_opened_once():
     assert r.complete and e.matches(hf)
     opens = [x for x in link.log if x[:2] == ("trainer", "open")]
     assert len(opens) == len(link.targets.map.storages)  # the first time
+
+
+RELOADED = """
+import importlib, queue, threading
+import torch
+from allocconf import transfer
+transfer = importlib.reload(transfer)
+from helpers.transfer_host import HostOps
+t = transfer.Targets({"w": torch.zeros(3)}, _ops=HostOps())
+w = transfer.Writer(_ops=HostOps())
+a, b = queue.Queue(), queue.Queue()
+out = []
+th = threading.Thread(target=lambda: out.append(
+    t.serve(transfer.Channel(a, b), timeout=10)))
+th.start()
+w.sync(transfer.Channel(b, a), {"w": torch.ones(3)})
+th.join(10)
+try:
+    w.write({"w": torch.ones(3)}, transfer.Offer("old", 1, b""))
+    caught = None
+except transfer.TransferError as exc:
+    caught = "stale" in str(exc)
+print(json.dumps({"result": isinstance(out[0], transfer.SyncResult),
+                  "complete": out[0].complete, "caught": caught}))
+"""
+
+
+def test_after_importlib_reload_its_classes_and_errors_are_the_new_ones():
+    out = run_json(RELOADED, timeout=120)
+    assert out == {"result": True, "complete": True, "caught": True}

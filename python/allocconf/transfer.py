@@ -28,7 +28,9 @@ import this module.
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -1411,6 +1413,10 @@ class Receiver:
 
 
 # The one-copy mode: the trainer writes straight into the engine's
-# weights.  Last, as it builds on what is above.
+# weights.  Last, as it builds on what is above; made again on the new
+# classes when this module is reloaded (importlib.reload), so that its
+# errors are this module's TransferError.
+if "allocconf._onecopy" in sys.modules:
+    importlib.reload(sys.modules["allocconf._onecopy"])
 from allocconf._onecopy import (Offer, Target, TargetMap,  # noqa: E402
                                 Targets, Writer, Written)
