@@ -114,7 +114,7 @@ class Targets:
     :meth:`offer` raise instead of letting the trainer write through a
     stale map; export anew (a new Targets) and close this one.  A module
     attribute pointed at another tensor is not seen: make new Targets
-    after a reload that builds new parameters."""
+    after a reload that builds new parameters.  One thread at a time."""
 
     def __init__(self, targets: Mapping[str, torch.Tensor], *,
                  device: Optional[int] = None, _ops: Any = None) -> None:
