@@ -57,7 +57,8 @@ def timed(cls: Any, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
-DEVICE: List[Any] = []  # (start, end) events around each replay
+# (start, end) events around each call, on the current stream, by name
+DEVICE: DefaultDict[str, List[Any]] = collections.defaultdict(list)
 
 
 def device_timed(cls: Any, name: str) -> None:
@@ -71,7 +72,7 @@ def device_timed(cls: Any, name: str) -> None:
             return f(*a, **k)
         finally:
             ev[1].record()
-            DEVICE.append(ev)
+            DEVICE[f"{cls.__name__}.{name}"].append(ev)
     setattr(cls, name, wrapper)
 
 
@@ -90,6 +91,7 @@ def instrument() -> None:
         from allocconf import _onecopy
         timed(_onecopy._Copies, "run")
         device_timed(_onecopy._Copies, "run")
+        device_timed(T.Writer, "write")  # its wait on the engine's event too
         return
     for n in ("load", "_ack", "_wait", "_bucket", "serve"):
         timed(T.Receiver, n)
@@ -109,11 +111,12 @@ def report(who: str) -> None:
     if DEVICE:
         import torch
         torch.cuda.synchronize()
-        ms = [a.elapsed_time(b) for a, b in DEVICE]
-        out["device_replay_ms"] = {"calls": len(ms),
-                                   "median_ms": statistics.median(ms[1:])}
-        print(f"{who:8} copies on the device: median "
-              f"{statistics.median(ms[1:]):.3f} ms per sync "
+    for key, evs in DEVICE.items():
+        ms = [a.elapsed_time(b) for a, b in evs]
+        out[f"device {key}"] = {"calls": len(ms),
+                                "median_ms": statistics.median(ms[1:])}
+        print(f"{who:8} on the device, {key}: median "
+              f"{statistics.median(ms[1:]):.3f} ms per call "
               f"(of {len(ms)})", flush=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
