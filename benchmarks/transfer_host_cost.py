@@ -12,9 +12,9 @@ sizes) to a spawned echo process and back, over two multiprocessing
 queues and over a pipe: the floor of a hand-over.
 
 With APPROACH one-copy the one-copy mode is timed instead (Writer and
-Targets), and the device time of each replay of its copies (CUDA events
-on the copy stream around it) is printed with the bytes' one-memcpy
-time; the files are then named ..._{gib}_one-copy.json.
+Targets), and the device time of each replay of its copies and of each
+whole Writer.write (CUDA events on the current stream around them) is
+printed; the files are then named ..._{gib}_one-copy.json.
 
 Usage: python benchmarks/transfer_host_cost.py [GIB [APPROACH]]
        (OUT: $OUT, else .)
