@@ -27,7 +27,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, DefaultDict, List
+from typing import Any, Callable, DefaultDict, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.argv[1:2] != ["--gib"]:  # a spawned engine inherits the argv set here
@@ -43,17 +43,23 @@ import ipc_sync  # noqa: E402
 from allocconf import transfer as T  # noqa: E402
 
 TIMES: DefaultDict[str, List[float]] = collections.defaultdict(list)
+# one-copy: (what, entered, left) of every timed call, perf_counter
+# seconds (one clock for both processes), for the timeline of a sync
+TIMELINE: List[Any] = []
 
 
-def timed(cls: Any, name: str) -> None:
+def timed(cls: Any, name: str, label: str = "") -> None:
     f: Callable[..., Any] = getattr(cls, name)
+    key = label or f"{cls.__name__}.{name}"
 
     def wrapper(*a: Any, **k: Any) -> Any:
         t = time.perf_counter()
         try:
             return f(*a, **k)
         finally:
-            TIMES[f"{cls.__name__}.{name}"].append(time.perf_counter() - t)
+            now = time.perf_counter()
+            TIMES[key].append(now - t)
+            TIMELINE.append((key, t, now))
     setattr(cls, name, wrapper)
 
 
@@ -92,6 +98,9 @@ def instrument() -> None:
         timed(_onecopy._Copies, "run")
         device_timed(_onecopy._Copies, "run")
         device_timed(T.Writer, "write")  # its wait on the engine's event too
+        import torch
+        timed(torch.cuda, "synchronize", "torch.cuda.synchronize")
+        timed(torch.cuda.Stream, "synchronize", "Stream.synchronize")
         return
     for n in ("load", "_ack", "_wait", "_bucket", "serve"):
         timed(T.Receiver, n)
@@ -118,10 +127,12 @@ def report(who: str) -> None:
         print(f"{who:8} on the device, {key}: median "
               f"{statistics.median(ms[1:]):.3f} ms per call "
               f"(of {len(ms)})", flush=True)
+    if APPROACH == "one-copy":
+        out["timeline"] = TIMELINE
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     for k, r in out.items():
-        if "calls" not in r or "median_us" not in r:
+        if not isinstance(r, dict) or "median_us" not in r:
             continue
         print(f"{who:8} {k:24} calls {r['calls']:4d} median "
               f"{r['median_us']:8.1f} us  mean {r['mean_us']:8.1f} us",
@@ -189,9 +200,66 @@ def engine(*args: Any) -> None:
         report("engine")
 
 
+STARTS: List[Any] = []  # one-copy: (host time, device event) at each sync
+
+
+def sync_started(f: Callable[..., Any]) -> Callable[..., Any]:
+    """ipc_sync.one_sync, its start stamped on the host and on the
+    device (an event on the idle current stream completes at once)."""
+    import torch
+
+    def wrapper(*a: Any, **k: Any) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        STARTS.append((time.perf_counter(), ev))
+        ev.record()
+        return f(*a, **k)
+    return wrapper
+
+
+def timeline() -> None:
+    """One-copy: when, after a sync's start, each step happened, median
+    over the warm syncs: the trainer's steps, the engine's (one clock:
+    perf_counter is CLOCK_MONOTONIC), and the copies on the device,
+    measured from the event recorded at the start (which the device
+    reaches some time after the host recorded it: on the H200 the
+    copies "began" 0.05 ms after it though launched 0.29 ms after the
+    start, so the device times are late-anchored by about 0.24 ms)."""
+    path = os.path.join(os.environ.get("OUT", "."),
+                        f"transfer_host_cost_engine_{sys.argv[2]}"
+                        f"{SUFFIX}.json")
+    with open(path) as f:
+        eng = json.load(f)["timeline"]
+    copies = DEVICE.get("_Copies.run", [])
+    steps: DefaultDict[str, List[float]] = collections.defaultdict(list)
+    for i, (h0, ev0) in enumerate(STARTS[1:], 1):  # warm syncs
+        end = STARTS[i + 1][0] if i + 1 < len(STARTS) else h0 + 1.0
+        if i < len(copies):
+            a, b = copies[i]
+            steps["device: copies begin"].append(ev0.elapsed_time(a) / 1e3)
+            steps["device: copies end"].append(ev0.elapsed_time(b) / 1e3)
+        for who, line in (("trainer", TIMELINE), ("engine", eng)):
+            seen: Dict[str, int] = collections.Counter()
+            for key, t_in, t_out in line:
+                if h0 <= t_in < end:
+                    seen[key] += 1
+                    n = "" if seen[key] == 1 else f" #{seen[key]}"
+                    steps[f"{who}: {key}{n} in"].append(t_in - h0)
+                    steps[f"{who}: {key}{n} out"].append(t_out - h0)
+    rows = sorted((statistics.median(v), k) for k, v in steps.items()
+                  if len(v) >= len(STARTS) // 2)
+    print("one-copy sync timeline (ms after its start, median of the "
+          "warm syncs):", flush=True)
+    for t, k in rows:
+        print(f"  {t * 1e3:7.3f}  {k}", flush=True)
+
+
 if __name__ == "__main__":
     round_trips()
     instrument()
     ipc_sync.receiver = engine  # what ipc_sync.run() spawns
+    if APPROACH == "one-copy":
+        ipc_sync.one_sync = sync_started(ipc_sync.one_sync)
     ipc_sync.main()
     report("trainer")
+    if APPROACH == "one-copy":
+        timeline()
