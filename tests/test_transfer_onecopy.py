@@ -38,15 +38,17 @@ def same_bits(a, b):
 
 class Link:
     """An engine's Targets and a trainer's Writer over a pickling channel
-    (two queues); one log for both sides, each entry tagged."""
+    (two queues); one log for both sides, each entry tagged.  `small`:
+    the Writer's SMALL (bytes under which copies are batched)."""
 
-    def __init__(self, targets, writer_kw=None, engine_ops=None):
+    def __init__(self, targets, small=None):
         self.log = []
         self.to_trainer, self.to_engine = queue.Queue(), queue.Queue()
-        self.engine_ops = engine_ops or HostOps(_Tag(self.log, "engine"))
+        self.engine_ops = HostOps(_Tag(self.log, "engine"))
         self.targets = Targets(targets, _ops=self.engine_ops)
-        self.writer = Writer(_ops=HostOps(_Tag(self.log, "trainer")),
-                             **(writer_kw or {}))
+        writer = (Writer if small is None else
+                  type("SmallWriter", (Writer,), {"SMALL": small}))
+        self.writer = writer(_ops=HostOps(_Tag(self.log, "trainer")))
         self.engine_side = Channel(_Pickling(self.to_trainer),
                                    self.to_engine)
         self.trainer_side = Channel(_Pickling(self.to_engine),
@@ -198,12 +200,7 @@ def test_casts_are_bit_exact_to_tensor_to_small_and_large():
     dst = {"big": torch.zeros(3000, dtype=torch.bfloat16),
            "small": torch.zeros(7, dtype=torch.bfloat16),
            "keep": torch.zeros(5, dtype=torch.int64)}
-
-    class Small(Writer):
-        SMALL = 4096  # bytes: "big" is its own copy, the rest batched
-
-    link = Link(dst)
-    link.writer = Small(_ops=HostOps())
+    link = Link(dst, small=4096)  # "big" is its own copy, the rest batched
     r, w = link.sync(src, cast={torch.float32: torch.bfloat16})
     assert r.complete, w
     for n in src:
@@ -378,12 +375,7 @@ def test_the_copies_are_dealt_to_lanes_heaviest_first():
     dst = {f"t{i}": torch.zeros(n) for i, n in
            enumerate([4000, 3000, 2000, 1000, 4, 6, 8])}
     src = {n: torch.randn(t.numel()) for n, t in dst.items()}
-
-    class Small(Writer):
-        SMALL = 1024
-
-    link = Link(dst)
-    link.writer = Small(_ops=HostOps())
+    link = Link(dst, small=1024)
     r, w = link.sync(src)
     assert r.complete and all(torch.equal(dst[n], src[n]) for n in src)
     lanes = link.writer._copies.lanes_of
