@@ -398,8 +398,8 @@ def _lane(copies: Sequence[_Copy]) -> Callable[[], None]:
 class _Copies:
     """The copies of one sync layout, made once and replayed while the
     sources stay as they were (docs/design.md, "One copy, into the
-    engine's weights"): a copy of at least SMALL bytes is its own ``copy_`` (a
-    memcpy, or a cast); smaller ones go together in one
+    engine's weights"): a copy of at least SMALL bytes is its own
+    ``copy_`` (a memcpy, or a cast); smaller ones go together in one
     ``_foreach_copy_`` per kind, as the widest integers that tile them
     when uncast (bit for bit: never through float).  The copies are dealt
     to `branches` lanes, heaviest first to the least loaded, and captured
