@@ -30,7 +30,13 @@ from __future__ import annotations
 import functools
 import importlib
 import operator
+import os
+import pickle
+import queue
+import select
+import struct
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -528,11 +534,45 @@ class Channel:
     exception named ``Empty`` when nothing came (``queue.Queue``,
     ``multiprocessing`` queues, Ray's ``ray.util.queue.Queue``).  The
     trainer's is ``Channel(to_engine, from_engine)``, the engine's
-    ``Channel(from_engine, to_engine)``."""
+    ``Channel(from_engine, to_engine)``.  :meth:`pipes` makes the two ends
+    of one over pipes, for an engine in a child process."""
 
     def __init__(self, outbox: Any, inbox: Any) -> None:
         self.outbox = outbox
         self.inbox = inbox
+
+    @classmethod
+    def pipes(cls, timeout: float = 60.0) -> Tuple["Channel", "Channel"]:
+        """The two ends of a channel over two one-way pipes, for a peer
+        in a child process (give it the second end as an argument of its
+        ``Process``; they do not go through Ray).  A message is pickled
+        and written in the caller's thread, so it leaves at once: a
+        ``multiprocessing`` queue hands it to a feeder thread, which
+        waits for the GIL while the caller runs Python (its bytes can
+        arrive milliseconds late; benchmarks/channel_latency.py).  A
+        write waits at most `timeout` seconds for the peer to make room
+        (a message over the pipe's 64 KiB waits for the peer to read it);
+        a peer that exited, its end closed, raises TransferError at once
+        instead of after the timeout: call :meth:`close` on the child's
+        end in the parent once the child has started, so that the parent
+        holds no copy of it."""
+        if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                or not timeout > 0):
+            raise ValueError(f"allocconf.transfer: timeout must be a "
+                             f"number of seconds > 0, got {timeout!r}")
+        import multiprocessing
+        a_in, b_out = multiprocessing.Pipe(duplex=False)  # (read, write)
+        b_in, a_out = multiprocessing.Pipe(duplex=False)
+        t = float(timeout)
+        return (cls(_Pipe(a_out, t), _Pipe(a_in, t)),
+                cls(_Pipe(b_out, t), _Pipe(b_in, t)))
+
+    def close(self) -> None:
+        """Close this end where it is a pipe end (:meth:`pipes`); a
+        channel over the application's queues leaves them be."""
+        for box in (self.outbox, self.inbox):
+            if getattr(box, "_pipe", False):  # a _Pipe, reloaded or not
+                box.close()
 
     def put(self, obj: Any) -> None:
         self.outbox.put(obj)
@@ -548,6 +588,110 @@ class Channel:
                     f"allocconf.transfer: nothing came from the peer "
                     f"within {timeout} s (dead, or stuck)") from None
             raise
+
+
+_FRAME = struct.Struct("<Q")  # a pipe message: its length, then its bytes
+
+
+class _Pipe:
+    """One way of a :meth:`Channel.pipes` channel: one end of a one-way
+    ``multiprocessing`` pipe (picklable to a child process), its file
+    descriptor used non-blocking so that every wait is bounded.  Each
+    message is its length (8 bytes) and its pickle (``ForkingPickler``,
+    as a ``multiprocessing`` queue pickles: torch's reductions apply).
+    A write or read cut short (the peer stopped reading, or died
+    mid-message) leaves the pipe out of step: the end is then broken and
+    refuses to be used again.  One lock per end: threads may share it."""
+
+    _pipe = True
+
+    def __init__(self, conn: Any, timeout: float) -> None:
+        self.__setstate__({"conn": conn, "timeout": timeout})
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"conn": self._conn, "timeout": self._timeout}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._conn = state["conn"]
+        self._timeout: float = state["timeout"]
+        self._lock = threading.Lock()
+        self._ready = False    # its descriptor made non-blocking here
+        self._broken: Optional[str] = None
+
+    def _fd(self) -> int:
+        if self._broken is not None:
+            raise TransferError(f"allocconf.transfer: this channel is "
+                                f"broken ({self._broken}); make a new one")
+        if self._conn.closed:
+            raise RuntimeError("allocconf.transfer: this channel end is "
+                               "closed")
+        fd: int = self._conn.fileno()
+        if not self._ready:
+            os.set_blocking(fd, False)
+            self._ready = True
+        return fd
+
+    def _cut(self, why: str) -> TransferError:
+        self._broken = why
+        return TransferError(f"allocconf.transfer: {why}")
+
+    def put(self, obj: Any) -> None:
+        from multiprocessing.reduction import ForkingPickler
+        data = ForkingPickler.dumps(obj)  # before anything is written
+        with self._lock:
+            fd = self._fd()
+            view = memoryview(_FRAME.pack(len(data)) + bytes(data))
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                    continue
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:
+                    raise self._cut("the peer closed the channel (it "
+                                    "exited, or closed its end)") from None
+                if not select.select([], [fd], [], self._timeout)[1]:
+                    raise self._cut(f"the peer read nothing for "
+                                    f"{self._timeout} s (stuck) while a "
+                                    f"message was written")
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        with self._lock:
+            fd = self._fd()
+            head = self._read(fd, _FRAME.size, timeout)
+            (n,) = _FRAME.unpack(head)
+            return pickle.loads(self._read(fd, n, self._timeout, head))
+
+    def _read(self, fd: int, n: int, timeout: Optional[float],
+              begun: bytes = b"") -> bytes:
+        """`n` bytes; none within `timeout` seconds at the start of a
+        message raises queue.Empty (Channel.get's TransferError)."""
+        got = bytearray()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(got) < n:
+            try:
+                chunk = os.read(fd, n - len(got))
+            except BlockingIOError:
+                left = (None if deadline is None
+                        else max(0.0, deadline - time.monotonic()))
+                if select.select([fd], [], [], left)[0]:
+                    continue
+                if not got and not begun:
+                    raise queue.Empty from None
+                raise self._cut(f"a message stopped coming part-way "
+                                f"({len(got)} of {n} bytes in "
+                                f"{timeout} s)") from None
+            if not chunk:
+                raise self._cut("the peer closed the channel (it exited, "
+                                "or closed its end)")
+            got += chunk
+            # Once a message has begun, each wait counts from the last
+            # bytes that came.
+            deadline = time.monotonic() + self._timeout
+        return bytes(got)
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 # ---------------------------------------------------------------------------
