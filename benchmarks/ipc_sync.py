@@ -57,10 +57,16 @@ permission see); an approach that fails there reports the receiver's
 error.  With --receiver-device N (two GPUs) the engine's weights are on
 its GPU N.
 
+Every message between the two processes, the approaches' own and the
+harness's commands and answers, goes over one allocconf.transfer
+Channel: over two multiprocessing queues by default (--channel queues,
+as the figures on docs/benchmarks.md were measured), or --channel pipes
+(Channel.pipes(): no feeder thread; benchmarks/channel_latency.py).
+
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
            [--warm N] [--model uniform|llama8b] [--only a,b]
            [--capacity MIB] [--buffers N] [--branches N] [--as-nobody]
-           [--receiver-device N]
+           [--receiver-device N] [--channel queues|pipes]
 """
 from __future__ import annotations
 
@@ -97,11 +103,24 @@ COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
 BRANCHES = arg("--branches", 0)  # one-copy: Writer.BRANCHES (0: its own)
+CHANNEL = option("--channel", "queues")
 #: Copies of the weights a sync makes on the GPU: direct copies out of
 #: the trainer's memory into the engine's, one-copy into it; the others
 #: copy into classic memory first.
 COPIES = {"direct": 1, "one-by-one": 2, "pack": 2, "transfer": 2,
           "one-copy": 1}
+
+
+def channels(ctx: Any) -> Any:
+    """The trainer's and the engine's ends of the channel every approach
+    uses (its messages, the harness's commands and answers)."""
+    from allocconf.transfer import Channel
+    if CHANNEL == "pipes":
+        return Channel.pipes(timeout=600)
+    if CHANNEL != "queues":
+        raise SystemExit(f"--channel: queues or pipes, not {CHANNEL!r}")
+    to_engine, to_trainer = ctx.Queue(), ctx.Queue()
+    return Channel(to_engine, to_trainer), Channel(to_trainer, to_engine)
 
 
 def llama8b_shapes() -> List[Any]:
@@ -138,14 +157,14 @@ def drop_privileges() -> None:
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
 
 
-def receiver(shapes: List[Any], inbox: Any, outbox: Any,
-             device: int, approach: str) -> None:
+def receiver(shapes: List[Any], channel: Any, device: int,
+             approach: str) -> None:
     """The engine: its own weights (zeros at first), into which every
     approach copies what it is sent, as an engine's load_weights does;
     answers True once they are all in place.  ("check",) compares every
     element (outside the timed sync) and zeroes the weights again, so the
     next sync must write them all."""
-    from allocconf.transfer import Channel, Receiver, Targets, TransferError
+    from allocconf.transfer import Receiver, Targets, TransferError
 
     drop_privileges()
     torch.cuda.init()
@@ -161,26 +180,26 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
     rx = Receiver()
     rx.bind(named)
     targets = Targets(named) if approach == "one-copy" else None
-    channel = Channel(outbox, inbox)
-    outbox.put("ready")
+    channel.put("ready")
 
     def idle() -> bool:
         """one-copy: the engine, not reading its weights, offers them for
         the next sync at once and waits for it, as an engine pausing
         between generations would (so the trainer's sync finds the offer
         waiting, and no command goes first); answers True once the
-        weights are in place.  False: the trainer said it is done."""
+        weights are in place.  False: the trainer said it is done (its
+        None came instead of an answer)."""
         assert targets is not None
         try:
             r = targets.serve(channel, timeout=600)
-        except TransferError:
-            if targets.sync is not None and inbox.empty():
-                return False  # the trainer's None came instead
+        except TransferError as exc:
+            if str(exc).endswith("got None"):
+                return False
             raise
         if not r.complete:
             raise RuntimeError(f"the write was incomplete: {r.error}")
         torch.cuda.synchronize(dev)
-        outbox.put(True)
+        channel.put(True)
         return True
 
     if targets is not None and not idle():
@@ -188,7 +207,7 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
     held = None  # the last sync's shared tensors: torch keeps their mapping
     while True:
         try:
-            msg = inbox.get()
+            msg = channel.get(None)
             if msg is None:
                 return
             kind, payload = msg
@@ -201,7 +220,7 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
                 # Done before the answer: the next timed sync must not
                 # start with the zeroing still queued.
                 torch.cuda.synchronize(dev)
-                outbox.put(ok)
+                channel.put(ok)
                 if targets is not None and not idle():
                     return
                 continue
@@ -215,9 +234,9 @@ def receiver(shapes: List[Any], inbox: Any, outbox: Any,
                        if kind == "flat" else payload)
                 torch._foreach_copy_(engine, src)
             torch.cuda.synchronize(dev)
-            outbox.put(True)
+            channel.put(True)
         except Exception as exc:  # e.g. pidfd_getfd refused
-            outbox.put(f"{type(exc).__name__}: {exc}")
+            channel.put(f"{type(exc).__name__}: {exc}")
             return
 
 
@@ -248,11 +267,11 @@ def foreach_copy_ms(weights: List[torch.Tensor]) -> float:
 
 
 def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
-             inbox: Any, outbox: Any) -> Any:
+             channel: Any) -> Any:
     """Send the weights once; the receiver's answer once they are all in
     its own tensors.  state["trainer"]: when the trainer was free."""
     if approach == "direct":
-        inbox.put(("list", weights))
+        channel.put(("list", weights))
     elif approach == "pack":
         if "staging" not in state:
             with allocconf.ipc_safe():
@@ -265,7 +284,7 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
         torch._foreach_copy_(state["views"], weights)
         torch.cuda.synchronize()
         state["trainer"] = time.perf_counter()
-        inbox.put(("flat", state["staging"]))
+        channel.put(("flat", state["staging"]))
     elif approach == "one-by-one":
         if "staging" not in state:
             with allocconf.ipc_safe():
@@ -273,43 +292,41 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
         torch._foreach_copy_(state["staging"], weights)
         torch.cuda.synchronize()
         state["trainer"] = time.perf_counter()
-        inbox.put(("list", state["staging"]))
+        channel.put(("list", state["staging"]))
     elif approach == "one-copy":
-        from allocconf.transfer import Channel, Writer
+        from allocconf.transfer import Writer
         if "writer" not in state:
             if BRANCHES:
                 Writer.BRANCHES = BRANCHES
             state["writer"] = Writer(timeout=600)
             state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
-            state["channel"] = Channel(inbox, outbox)
         # No command: the engine's offer is waiting (receiver's idle()).
-        state["writer"].sync(state["channel"], state["named"])
+        state["writer"].sync(channel, state["named"])
         torch.cuda.current_stream().synchronize()
         state["trainer"] = time.perf_counter()
     else:
-        from allocconf.transfer import Channel, Sender
+        from allocconf.transfer import Sender
         if "sender" not in state:
             state["sender"] = Sender(CAPACITY_MIB << 20, buffers=BUFFERS,
                                      timeout=600)
             state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
-            state["channel"] = Channel(inbox, outbox)
         sender = state["sender"]
-        inbox.put(("transfer", None))
+        channel.put(("transfer", None))
         t0 = time.perf_counter()
-        sender.sync(state["named"], state["channel"], wait=False)
+        sender.sync(state["named"], channel, wait=False)
         state.setdefault("sent", []).append(time.perf_counter() - t0)
         torch.cuda.current_stream().synchronize()
         state["trainer"] = time.perf_counter()
-        sender.drain(state["channel"])
-    got = answer(outbox)
+        sender.drain(channel)
+    got = answer(channel)
     if approach == "direct":
         state["trainer"] = time.perf_counter()
     return got
 
 
-def answer(outbox: Any) -> Any:
+def answer(channel: Any) -> Any:
     """The receiver's next answer; its error, raised here."""
-    got = outbox.get(timeout=600)
+    got = channel.get(600)
     if isinstance(got, str):
         raise RuntimeError(got)
     return got
@@ -317,12 +334,13 @@ def answer(outbox: Any) -> Any:
 
 def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     ctx = mp.get_context("spawn")
-    inbox, outbox = ctx.Queue(), ctx.Queue()
+    channel, theirs = channels(ctx)
     proc = ctx.Process(target=receiver,
-                       args=([tuple(w.shape) for w in weights], inbox, outbox,
+                       args=([tuple(w.shape) for w in weights], theirs,
                              RECEIVER_DEVICE, approach))
     proc.start()
-    assert outbox.get(timeout=300) == "ready"
+    theirs.close()  # pipes: the engine's end is the engine's alone
+    assert channel.get(300) == "ready"
     torch.cuda.synchronize()
     allocated0 = torch.cuda.memory_allocated()
     state: Dict[str, Any] = {}
@@ -332,11 +350,11 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
     for i in range(1 + WARM):
         t0 = time.perf_counter()
         try:
-            got = one_sync(approach, weights, state, inbox, outbox)
+            got = one_sync(approach, weights, state, channel)
             times.append(time.perf_counter() - t0)
             trainer.append(state.pop("trainer") - t0)
-            inbox.put(("check", None))  # outside the timed sync
-            got = answer(outbox)
+            channel.put(("check", None))  # outside the timed sync
+            got = answer(channel)
         except (RuntimeError, ValueError) as exc:  # the receiver's error
             got = str(exc)
             times.append(time.perf_counter() - t0)
@@ -348,7 +366,9 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
               f"{median(state['sent'][1:]) * 1e3:.3f} ms (median)",
               flush=True)
     extra = torch.cuda.memory_allocated() - allocated0
-    inbox.put(None)
+    # An engine that failed has exited: over pipes, telling it fails too.
+    with contextlib.suppress(RuntimeError):
+        channel.put(None)
     proc.join(timeout=120)
     if proc.exitcode is None:
         proc.kill()
@@ -432,6 +452,7 @@ def main() -> None:
         summary["warm_ratio_direct_over_pack"] = warm["direct"] / warm["pack"]
     print(f"fastest warm: {summary.get('fastest_warm')}", flush=True)
     record = {"machine": machine(), "gib": nbytes / GiB, "model": MODEL,
+              "channel": CHANNEL,
               "capacity_mib": CAPACITY_MIB, "buffers": BUFFERS,
               "as_nobody": NOBODY, "receiver_device": RECEIVER_DEVICE,
               "fits_buffers": nbytes <= (CAPACITY_MIB << 20) * BUFFERS,
