@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import torch_facts
+from helpers import run_json, torch_facts
 
 torch_facts()  # skips this module without torch
 import torch  # noqa: E402
@@ -162,3 +162,29 @@ def test_a_sync_into_a_child_engine_then_its_exit_is_seen_at_once():
         sender.close()
         stop(proc)
         cleanup()
+
+
+RELOADED = """
+import gc, importlib, warnings
+warnings.simplefilter("error")  # a ResourceWarning would fail here
+from allocconf import transfer
+old_a, old_b = transfer.Channel.pipes(timeout=5)
+transfer = importlib.reload(transfer)
+old_a.put("across the reload")
+got = old_b.get(5)
+old_b.close()  # the new module's close knows the old class's ends
+try:
+    old_a.get(5)
+    caught = None
+except transfer.TransferError as exc:  # the reloaded module's class
+    caught = "closed the channel" in str(exc)
+a, b = transfer.Channel.pipes()
+del a, b, old_a, old_b
+gc.collect()
+print(json.dumps({"got": got, "caught": caught}))
+"""
+
+
+def test_pipes_survive_importlib_reload_and_warnings_as_errors():
+    out = run_json(RELOADED, timeout=120)
+    assert out == {"got": "across the reload", "caught": True}
