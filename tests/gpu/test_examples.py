@@ -13,22 +13,14 @@ EXAMPLE = os.path.join(os.path.dirname(TESTS_DIR), "examples",
                        "rl_weight_sync.py")
 
 
-def test_rl_weight_sync_recipe():
-    proc = subprocess.run([sys.executable, EXAMPLE, "--steps", "3"],
+@pytest.mark.parametrize("flags, shown", [
+    ([], "ipc_capable=True"),
+    (["--one-copy"], "worker weights classic, written in place")])
+def test_rl_weight_sync_recipe(flags, shown):
+    proc = subprocess.run([sys.executable, EXAMPLE, "--steps", "3"] + flags,
                           capture_output=True, text=True, timeout=600,
                           env=child_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("worker checksum matches") == 3
     assert "all syncs intact" in proc.stdout
-    assert "ipc_capable=True" in proc.stdout
-
-
-def test_rl_weight_sync_recipe_one_copy():
-    proc = subprocess.run([sys.executable, EXAMPLE, "--steps", "3",
-                           "--one-copy"],
-                          capture_output=True, text=True, timeout=600,
-                          env=child_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("worker checksum matches") == 3
-    assert "all syncs intact" in proc.stdout
-    assert "worker weights classic, written in place" in proc.stdout
+    assert shown in proc.stdout

@@ -23,6 +23,7 @@ import allocconf, torch
 import torch.multiprocessing as mp
 from allocconf.transfer import Channel, Sender, TransferError
 from engine_standin import hf_weights
+from helpers.gpu import bf16_on_cpu as expected, start_on_uuid
 from helpers.transfer_engine import engine_process
 
 LAYERS, HIDDEN, VOCAB = 4, 512, 8192  # the embedding: 8 MiB in bf16
@@ -38,19 +39,9 @@ def start_engine():
     ctl_in, ctl_out = ctx.Queue(), ctx.Queue()
     to_engine, to_trainer = ctx.Queue(), ctx.Queue()
     # The engine names the GPU by UUID in its CUDA_VISIBLE_DEVICES.
-    uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
-    old = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = uuid
-    try:
-        proc = ctx.Process(target=engine_process, args=(
-            ctl_in, ctl_out, to_engine, to_trainer, PATHS, LAYERS, HIDDEN,
-            VOCAB))
-        proc.start()
-    finally:
-        if old is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = old
+    proc = start_on_uuid(ctx, engine_process, (
+        ctl_in, ctl_out, to_engine, to_trainer, PATHS, LAYERS, HIDDEN,
+        VOCAB))
     channel = Recording(to_engine, to_trainer)
     channel.sent = []
     return proc, ctl_in, ctl_out, channel
@@ -61,8 +52,6 @@ def ask(ctl, cmd, *more):
         ctl[0].put(m)
     return ctl[1].get(timeout=300)
 
-def expected(hf):
-    return {{k: v.to(torch.bfloat16).cpu() for k, v in hf.items()}}
 """
 
 ENGINE = SETUP + """

@@ -1,5 +1,7 @@
 """Helpers for child processes of the GPU suite: where a tensor's memory
 lives and what torch's allocator reports."""
+import os
+
 import torch
 
 MiB = 1 << 20
@@ -34,6 +36,29 @@ def last_string():
     """The last configuration string torch's CUDA allocator parsed."""
     s = settings()
     return s.get("PYTORCH_CUDA_ALLOC_CONF", s.get("PYTORCH_ALLOC_CONF"))
+
+
+def start_on_uuid(ctx, target, args):
+    """`ctx.Process(target=target, args=args)` started with
+    CUDA_VISIBLE_DEVICES naming GPU 0 by its UUID, as an engine worker
+    given its own sees it; this process's variable restored after."""
+    uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid
+    try:
+        proc = ctx.Process(target=target, args=args)
+        proc.start()
+    finally:
+        if old is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+    return proc
+
+
+def bf16_on_cpu(hf):
+    """What a bf16 engine holds of the state dict `hf`, on the CPU."""
+    return {k: v.to(torch.bfloat16).cpu() for k, v in hf.items()}
 
 
 def mp_check_arange(q, done):

@@ -5,6 +5,7 @@ answering on `ctl_out` (an error as its text)."""
 
 
 def engine_process(ctl_in, ctl_out, to_engine, to_trainer, paths):
+    import contextlib
     import sys
 
     sys.path[:0] = paths
@@ -17,14 +18,12 @@ def engine_process(ctl_in, ctl_out, to_engine, to_trainer, paths):
     state = {}
 
     def build(layers, hidden, vocab, classic):
-        if classic:
-            with allocconf.ipc_safe():
-                e = Engine(layers, hidden, vocab, dtype=torch.bfloat16,
-                           device="cuda")
-        else:
-            e = Engine(layers, hidden, vocab, dtype=torch.bfloat16,
-                       device="cuda")
-        return e
+        """The stand-in engine, its weights in classic memory or (not
+        `classic`) where the allocator puts them: expandable segments."""
+        with (allocconf.ipc_safe() if classic
+              else contextlib.nullcontext()):
+            return Engine(layers, hidden, vocab, dtype=torch.bfloat16,
+                          device="cuda")
 
     while True:
         cmd = ctl_in.get()
