@@ -9,6 +9,7 @@ run's record, as ipc_sync.py saves it) and ipc_sync.svg to --out.
 
 Usage: python benchmarks/ipc_sweep.py [--out DIR] [--warm N]
            [--sizes 0.1,0.5,...] [--no-llama] [--only a,b]
+           [--channel queues|pipes]   (passed to ipc_sync.py)
 """
 from __future__ import annotations
 
@@ -62,8 +63,9 @@ def main() -> None:
     out = out_dir_arg()
     runs: List[Dict[str, Any]] = []
     common = ["--out", out, "--warm", option("--warm", "5")]
-    if "--only" in sys.argv:
-        common += ["--only", option("--only", "")]
+    for flag in ("--only", "--channel"):
+        if flag in sys.argv:
+            common += [flag, option(flag, "")]
     cases = [["--model", "uniform", "--gib", g]
              for g in option("--sizes", SIZES).split(",")]
     if "--no-llama" not in sys.argv:
