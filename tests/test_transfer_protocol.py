@@ -163,8 +163,17 @@ def test_tied_weights_are_sent_once_and_arrive_under_every_name():
     assert same_bits(tied, emb)
 
 
-def test_a_refilled_scratch_tensor_needs_eager_and_is_refused_without():
+def test_a_refilled_scratch_tensor_needs_eager_and_is_refused_without(
+        monkeypatch):
     sender, receiver, log = pair(1 << 16)
+    runs = []  # the sender's programs run (each one launch or few)
+    real_run = transfer._Program.run
+
+    def counted(program):
+        if program.into_buffer:
+            runs.append(program)
+        real_run(program)
+    monkeypatch.setattr(transfer._Program, "run", counted)
     scratch = torch.empty(16)
 
     def gathered():
@@ -176,18 +185,19 @@ def test_a_refilled_scratch_tensor_needs_eager_and_is_refused_without():
                        "earlier tensor whose copy has not run"):
         run(sender, receiver, gathered(), dst)
     assert sender.pending == 0
-    del log[:]
+    del runs[:]
     run(sender, receiver, gathered(), dst, eager=True)
+    # Each item's copy was queued before the next item was asked for (on
+    # the current stream, so a refill queued after it runs after it).
     assert [float(dst[f"layer{i}"][0]) for i in range(5)] == [0, 1, 2, 3, 4]
-    # The producer waited for each item's copies before refilling.
-    assert log.count(("done",)) == 5 + 1  # each item, then the bucket
+    assert len(runs) == 5
     # Fresh tensors (what a gather usually gives) need no eager: their
     # copies wait for the bucket, one launch for many.
     fresh = ((f"layer{i}", torch.full((16,), float(i))) for i in range(5))
-    del log[:]
+    del runs[:]
     run(sender, receiver, fresh, dst)
     assert [float(dst[f"layer{i}"][0]) for i in range(5)] == [0, 1, 2, 3, 4]
-    assert log.count(("done",)) == 1  # after the bucket only
+    assert len(runs) == 1
 
 
 # -- split tensors and engine-shaped loading -------------------------------------
@@ -400,7 +410,7 @@ def test_bound_targets_are_checked_once_and_rebound_after_a_reload():
         run(sender, receiver, src)
 
 
-def test_the_copies_run_on_the_copy_stream_with_their_sources_held():
+def test_the_copies_run_on_the_current_stream_with_their_sources_held():
     import gc
     import weakref
 
@@ -409,9 +419,10 @@ def test_the_copies_run_on_the_copy_stream_with_their_sources_held():
     alive = [weakref.ref(t) for t in src.values()]
     del log[:]
     (msg,) = list(sender.send(src))
-    # On the copy stream, the event recorded after the copies; the
-    # trainer's stream waits for them (an optimizer step comes next).
-    assert [op[0] for op in log] == ["begin", "record", "done"]
+    # On the current stream, no other entered and left: the event
+    # recorded after the copies, and an optimizer step queued next runs
+    # after them in stream order.
+    assert [op[0] for op in log] == ["record"]
     # The caller lets go of its tensors: the sender holds them with the
     # buffer until it is packed again, after the receiver's Ack.
     del src
@@ -427,8 +438,10 @@ def test_the_copies_run_on_the_copy_stream_with_their_sources_held():
 def test_a_bucket_that_tiles_as_int64_is_one_launch_each_way(monkeypatch):
     # Tensors of whole int64 words, each at an ALIGN-ed offset: the
     # sender's copies are one torch.cat over the bucket (the alignment
-    # gaps filled), the receiver's one split_with_sizes_copy; nothing
-    # copied tensor by tensor.
+    # gaps filled); the receiver's, into its bound targets, one
+    # _foreach_copy_ of them all as int64 (all under _Lanes.SMALL), and
+    # into= targets one split_with_sizes_copy; nothing copied tensor by
+    # tensor.
     calls = []
     for name in ("cat", "split_with_sizes_copy", "_foreach_copy_"):
         real = getattr(torch, name)
@@ -446,8 +459,13 @@ def test_a_bucket_that_tiles_as_int64_is_one_launch_each_way(monkeypatch):
             v.add_(1)
         del calls[:]
         (msg,) = run(sender, receiver, src)
-        assert calls == ["cat", "split_with_sizes_copy"], step
+        assert calls == ["cat", "_foreach_copy_"], step
         assert all(same_bits(src[k], dst[k]) for k in src), step
+    other = {k: torch.zeros_like(v) for k, v in src.items()}
+    del calls[:]
+    run(sender, receiver, src, other)
+    assert calls == ["cat", "split_with_sizes_copy"]
+    assert all(same_bits(src[k], other[k]) for k in src)
 
 
 def test_a_sync_that_does_not_wait_leaves_its_acks_to_the_next():
@@ -477,3 +495,138 @@ def test_a_sync_that_does_not_wait_leaves_its_acks_to_the_next():
     with pytest.raises(TransferError, match="within 0.2 s"):
         sender.sync(src, trainer, timeout=0.2)  # nobody serves: loud
     assert sender.pending == 0
+
+
+# -- what a sync puts when, and what it replays from a CUDA graph --------------
+
+class Logged(Channel):
+    """A channel whose puts go into the ops' log, so the order of records
+    and puts is seen."""
+
+    def __init__(self, log, outbox, inbox):
+        super().__init__(outbox, inbox)
+        self.log = log
+
+    def put(self, obj):
+        self.log.append(("put", getattr(obj, "seq", obj)))
+        super().put(obj)
+
+
+def synced(sender, receiver, src, buffers_log, dst=None):
+    """One Sender.sync over a logged channel, served in a thread."""
+    to_engine, to_trainer = queue.Queue(), queue.Queue()
+    trainer = Logged(buffers_log, to_engine, to_trainer)
+    engine = Channel(to_trainer, to_engine)
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        receiver.serve(engine, into=dst, timeout=10)))
+    t.start()
+    sent = sender.sync(src, trainer, timeout=10)
+    t.join(10)
+    assert got and got[0].complete and got[0].buckets == sent
+    return sent
+
+
+def test_a_sync_that_fits_its_buffers_is_put_after_its_last_copy():
+    sender, receiver, log = pair(1024, buffers=4)
+    src = weights(n=6, size=100)  # 3 buckets, 4 buffers: it fits
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    del log[:]
+    assert synced(sender, receiver, src, log, dst) == 3
+    events = [bytes(e) for e, _ in sender._events]
+    trainer = [op for op in log if op[0] in ("put", "record")
+               and (op[0] == "put" or op[1] in events)]
+    # Each bucket's copies and event, then the first two buckets' events
+    # recorded again after the last bucket's copies, then the messages:
+    # the engine's reads wait for every copy of the sync.
+    assert trainer == [("record", events[0]), ("record", events[1]),
+                       ("record", events[2]),
+                       ("record", events[0]), ("record", events[1]),
+                       ("put", 0), ("put", 1), ("put", 2)]
+    assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+def test_a_sync_larger_than_its_buffers_puts_before_it_waits_for_an_ack():
+    sender, receiver, log = pair(1024, buffers=2)
+    src = weights(n=8, size=100)  # 4 buckets through 2 buffers
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    for step in range(2):
+        for v in src.values():
+            v.add_(1)
+        del log[:]
+        assert synced(sender, receiver, src, log, dst) == 4  # no deadlock
+        e0, e1 = (bytes(e) for e, _ in sender._events)
+        trainer = [op for op in log if op[0] == "put"
+                   or (op[0] == "record" and op[1] in (e0, e1))]
+        # What is held is put before each wait for an Ack: buckets 0 and
+        # 1 (bucket 0's event recorded again after bucket 1's copies)
+        # before bucket 2 needs buffer 0 back, bucket 2 before bucket 3
+        # needs buffer 1, bucket 3 at the end.
+        assert trainer == [("record", e0), ("record", e1), ("record", e0),
+                           ("put", 0), ("put", 1),
+                           ("record", e0), ("put", 2),
+                           ("record", e1), ("put", 3)], step
+        assert all(same_bits(src[k], dst[k]) for k in src), step
+
+
+class GraphOps(HostOps):
+    """HostOps that "capture" copies the way _Cuda.graph does: the
+    functions given, run again at each replay, and the capture and each
+    replay logged; with `refuse`, capture fails (None)."""
+
+    def __init__(self, log, refuse=False):
+        super().__init__(log)
+        self.refuse = refuse
+
+    def graph(self, branches):
+        self.log.append(("capture", len(branches)))
+        if self.refuse:
+            return None
+
+        def replay():
+            self.log.append(("replay",))
+            for fn in branches:
+                fn()
+        return replay
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_kept_copies_are_captured_once_and_replayed(refuse):
+    log = []
+    # One buffer: every sync packs bucket k into the same buffer, so the
+    # copies kept per (bucket, buffer) are all made by the first sync.
+    sender = Sender(1024, buffers=1, _ops=GraphOps(log, refuse))
+    receiver = Receiver(_ops=GraphOps(log, refuse))
+    src = weights(n=6, size=100)  # 3 buckets
+    src["big"] = torch.randn(600)  # 2400 bytes: split across buckets
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    receiver.bind(dst)
+    captures = []
+    for step in range(3):
+        for v in src.values():
+            v.add_(1)
+        del log[:]
+        msgs = run(sender, receiver, src)
+        assert all(same_bits(src[k], dst[k]) for k in src), step
+        captures.append(sum(op[0] == "capture" for op in log))
+        replays = sum(op[0] == "replay" for op in log)
+        # The first sync captures each bucket's copies on both sides
+        # (the receiver's lanes: up to 4 branches); later ones replay
+        # them, or run them eagerly where capture failed.
+        assert replays == (0 if refuse else 2 * len(msgs)), step
+    assert captures[0] == 2 * len(msgs) and captures[1:] == [0, 0]
+    # What is not kept is never captured: a generator's copies, and a
+    # receiver's into= copies.
+    del log[:]
+    other = {k: torch.zeros_like(v) for k, v in src.items()}
+    run(sender, receiver, iter(list(src.items())), other)
+    assert all(same_bits(src[k], other[k]) for k in src)
+    assert not any(op[0] in ("capture", "replay") for op in log)
+    # A tensor given new memory: the first bucket's replay was queued
+    # before the check, which sends the sync again from the new memory
+    # (new copies, captured); what arrives is the new value.
+    src["w0"].data = torch.full_like(src["w0"], 7.0)
+    del log[:]
+    run(sender, receiver, src)
+    assert torch.equal(dst["w0"], torch.full_like(dst["w0"], 7.0))
+    assert all(same_bits(src[k], dst[k]) for k in src)

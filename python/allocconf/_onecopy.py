@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional,
+from typing import (Any, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Set, Tuple, Union)
 
 import torch
 
-from allocconf.transfer import (Channel, SyncResult, TransferError, _as_bytes,
-                                _casts, _check, _Cuda, _dtype, _dtype_name,
-                                _Sources, _wide)
+from allocconf.transfer import (Channel, SyncResult, TransferError, _casts,
+                                _check, _Cuda, _dtype, _dtype_name, _Lanes,
+                                _Sources)
 
 __all__ = ["Target", "TargetMap", "Offer", "Written", "Targets", "Writer"]
 
@@ -380,87 +380,19 @@ class _Matcher:
                 f"every target")
 
 
-# One copy to make: ("one", target, source) or ("each", targets, sources)
-_Copy = Tuple[str, Any, Any]
-
-
-def _lane(copies: Sequence[_Copy]) -> Callable[[], None]:
-    def run() -> None:
-        with torch.no_grad():  # a model's parameters may require grad
-            for kind, dst, src in copies:
-                if kind == "one":
-                    dst.copy_(src)
-                else:
-                    torch._foreach_copy_(dst, src)
-    return run
-
-
-class _Copies:
+class _Copies(_Lanes):
     """The copies of one sync layout, made once and replayed while the
     sources stay as they were (docs/design.md, "One copy, into the
-    engine's weights"): a copy of at least SMALL bytes is its own
-    ``copy_`` (a memcpy, or a cast); smaller ones go together in one
-    ``_foreach_copy_`` per kind, as the widest integers that tile them
-    when uncast (bit for bit: never through float).  The copies are dealt
-    to `branches` lanes, heaviest first to the least loaded, and captured
-    as one CUDA graph of parallel branches where the ops can
-    (``_Cuda.graph``); else the lanes run one after another."""
+    engine's weights"): :class:`_Lanes` of (target, source) pairs, with
+    the sources they were made of and the tensors the sync counts."""
 
     def __init__(self, sources: _Sources,
                  pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]],
                  count: int, ops: Any, graph: bool, small: int,
                  branches: int) -> None:
+        super().__init__(pairs, ops, graph, small, branches)
         self.sources = sources
         self.count = count
-        items: List[Tuple[int, _Copy]] = []
-        groups: Dict[Tuple[Any, Any], Tuple[List[torch.Tensor],
-                                            List[torch.Tensor], List[int]]] = {}
-        for dst, src in pairs:
-            # A tensor of its own over the source's memory: it stays
-            # allocated while the copies are kept, even if the source is
-            # given new memory (.data =) before they are replayed.
-            src = src.detach()
-            nbytes = dst.numel() * dst.element_size()
-            if nbytes >= small:
-                items.append((nbytes, ("one", dst, src)))
-                continue
-            if dst.dtype == src.dtype:
-                wide = _wide(nbytes, dst.data_ptr() | src.data_ptr())
-                dst, src = _as_bytes(dst).view(wide), _as_bytes(src).view(wide)
-            else:
-                dst, src = dst.reshape(-1), src.reshape(-1)
-            g = groups.setdefault((dst.dtype, src.dtype), ([], [], [0]))
-            g[0].append(dst)
-            g[1].append(src)
-            g[2][0] += nbytes
-        for dsts, srcs, size in groups.values():
-            # A batched launch moves its bytes slower than a memcpy: weigh
-            # it double when dealing.
-            items.append((2 * size[0], ("each", dsts, srcs)))
-        items.sort(key=lambda item: -item[0])
-        loads = [0] * max(1, branches)
-        lanes: List[List[_Copy]] = [[] for _ in loads]
-        for weight, copy in items:
-            i = loads.index(min(loads))
-            loads[i] += weight
-            lanes[i].append(copy)
-        self.lanes_of = [lane for lane in lanes if lane]
-        self.lanes = [_lane(lane) for lane in self.lanes_of]
-        capture = getattr(ops, "graph", None) if graph else None
-        self.replay = (capture(self.lanes)
-                       if capture is not None and self.lanes else None)
-
-    @property
-    def graphed(self) -> bool:
-        return self.replay is not None
-
-    def run(self) -> None:
-        """Queue the copies on the current stream."""
-        if self.replay is not None:
-            self.replay()
-        else:
-            for lane in self.lanes:
-                lane()
 
 
 class Writer:
@@ -473,8 +405,8 @@ class Writer:
     tensors stay where they were; ``graph=False`` runs them eagerly.  One
     thread at a time."""
 
-    SMALL = 1 << 20  # bytes: smaller copies are batched
-    BRANCHES = 4     # parallel lanes of the captured copies
+    SMALL = _Lanes.SMALL        # bytes: smaller copies are batched
+    BRANCHES = _Lanes.BRANCHES  # parallel lanes of the captured copies
 
     def __init__(self, *, device: Optional[int] = None,
                  timeout: float = 60.0, graph: bool = True,

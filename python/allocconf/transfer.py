@@ -287,14 +287,24 @@ class _Program:
       with its own ``copy_``, smaller ones in one ``_foreach_copy_``.
 
     The program holds its views of both sides (so the tensors it copies
-    stay allocated while it is kept)."""
+    stay allocated while it is kept).  With `capture` (``_Cuda.graph``),
+    a program kept to be run again is captured once in a CUDA graph and
+    replayed: its launches cost a few microseconds instead of about 0.5
+    us per tensor.  Only programs into a buffer are captured: ``cat``
+    passes its tensors' addresses in the kernel's parameters, where
+    ``split_with_sizes_copy`` stages them through pinned host memory,
+    which a replay would read after torch reused it (a receiver's kept
+    copies are :class:`_Lanes` instead)."""
 
     BIG = 32 << 20   # bytes: a typed copy_ here is bound by the GPU
     RUNS = True      # False: no runs (the tests' second route)
 
     def __init__(self, buf: torch.Tensor,
                  pairs: Sequence[Tuple[Entry, torch.Tensor]],
-                 into_buffer: bool) -> None:
+                 into_buffer: bool,
+                 capture: Optional[Callable[[Sequence[Callable[[], None]]],
+                                            Optional[Callable[[], None]]]]
+                 = None) -> None:
         self.into_buffer = into_buffer
         # each run: (the buffer's span as int64, pieces in order, sizes)
         self.runs: List[Tuple[torch.Tensor, List[torch.Tensor],
@@ -324,6 +334,8 @@ class _Program:
             mine = raw.view(dtype)
             self._queue(theirs, mine, False)
         self._end(buf, run)
+        self.replay = (capture([self._eager])
+                       if capture is not None and into_buffer else None)
 
     def _queue(self, theirs: torch.Tensor, mine: torch.Tensor,
                alone: bool) -> None:
@@ -374,6 +386,12 @@ class _Program:
 
     def run(self) -> None:
         """Queue the copies on the current stream."""
+        if self.replay is not None:
+            self.replay()
+        else:
+            self._eager()
+
+    def _eager(self) -> None:
         with torch.no_grad():  # a model's parameters may require grad
             for span, pieces, sizes in self.runs:
                 if self.into_buffer:
@@ -386,9 +404,95 @@ class _Program:
                 torch._foreach_copy_(self.small[0], self.small[1])
 
 
+# One copy of a lane: ("one", dst, src) or ("each", dsts, srcs)
+_Copy = Tuple[str, Any, Any]
+
+
+def _lane(copies: Sequence[_Copy]) -> Callable[[], None]:
+    def run() -> None:
+        with torch.no_grad():  # a model's parameters may require grad
+            for kind, dst, src in copies:
+                if kind == "one":
+                    dst.copy_(src)
+                else:
+                    torch._foreach_copy_(dst, src)
+    return run
+
+
+class _Lanes:
+    """Copies from tensors straight into other tensors (neither side one
+    flat buffer), made once and run as often as asked (docs/design.md,
+    "One copy, into the engine's weights"): a copy of at least `small`
+    bytes is its own ``copy_`` (a memcpy, or a cast); smaller ones go
+    together in one ``_foreach_copy_`` per kind, as the widest integers
+    that tile them when uncast (bit for bit: never through float).  The
+    copies are dealt to `branches` lanes, heaviest first to the least
+    loaded, and with `graph` captured as one CUDA graph of parallel
+    branches where the ops can (``_Cuda.graph``); else the lanes run one
+    after another.  The one-copy mode's writes, and a receiver's copies
+    out of a buffer into the targets bound to it."""
+
+    SMALL = 1 << 20  # bytes: smaller copies are batched
+    BRANCHES = 4     # parallel lanes of the captured copies
+
+    def __init__(self, pairs: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+                 ops: Any, graph: bool = True, small: int = SMALL,
+                 branches: int = BRANCHES) -> None:
+        items: List[Tuple[int, _Copy]] = []
+        groups: Dict[Tuple[Any, Any], Tuple[List[torch.Tensor],
+                                            List[torch.Tensor], List[int]]] = {}
+        for dst, src in pairs:
+            # A tensor of its own over the source's memory: it stays
+            # allocated while the copies are kept, even if the source is
+            # given new memory (.data =) before they are run again.
+            src = src.detach()
+            nbytes = dst.numel() * dst.element_size()
+            if nbytes >= small:
+                items.append((nbytes, ("one", dst, src)))
+                continue
+            if dst.dtype == src.dtype:
+                wide = _wide(nbytes, dst.data_ptr() | src.data_ptr())
+                dst, src = _as_bytes(dst).view(wide), _as_bytes(src).view(wide)
+            else:
+                dst, src = dst.reshape(-1), src.reshape(-1)
+            g = groups.setdefault((dst.dtype, src.dtype), ([], [], [0]))
+            g[0].append(dst)
+            g[1].append(src)
+            g[2][0] += nbytes
+        for dsts, srcs, size in groups.values():
+            # A batched launch moves its bytes slower than a memcpy: weigh
+            # it double when dealing.
+            items.append((2 * size[0], ("each", dsts, srcs)))
+        items.sort(key=lambda item: -item[0])
+        loads = [0] * max(1, branches)
+        lanes: List[List[_Copy]] = [[] for _ in loads]
+        for weight, copy in items:
+            i = loads.index(min(loads))
+            loads[i] += weight
+            lanes[i].append(copy)
+        self.lanes_of = [lane for lane in lanes if lane]
+        self.lanes = [_lane(lane) for lane in self.lanes_of]
+        capture = getattr(ops, "graph", None) if graph else None
+        self.replay = (capture(self.lanes)
+                       if capture is not None and self.lanes else None)
+
+    @property
+    def graphed(self) -> bool:
+        return self.replay is not None
+
+    def run(self) -> None:
+        """Queue the copies on the current stream."""
+        if self.replay is not None:
+            self.replay()
+        else:
+            for lane in self.lanes:
+                lane()
+
+
 class _Cuda:
     """CUDA: buffers in classic memory, shared by cudaIpcGetMemHandle,
-    ordered by interprocess events, copies on a stream of their own."""
+    ordered by interprocess events recorded and waited for on the current
+    stream."""
 
     def __init__(self, device: Optional[int]) -> None:
         if not torch.cuda.is_available():
@@ -397,13 +501,9 @@ class _Cuda:
                        else int(device))
         self.torch_device = torch.device("cuda", self.device)
         self.uuid = self.uuid_of(self.device)
-        self._stream = _cuda.Stream(self.device)
         self._events: Dict[Tuple[int, bytes], Any] = {}
         self._local: Dict[str, int] = {}  # GPU UUID -> index here
         self._branches: List[Any] = []  # streams of captured graphs
-        # Events that order the copy stream after the current one and
-        # back, made once (Stream.wait_stream makes one per call).
-        self._marks = (_cuda.Event(), _cuda.Event())
 
     @staticmethod
     def uuid_of(index: int) -> str:
@@ -452,22 +552,6 @@ class _Cuda:
         ev.record(torch.cuda.current_stream(self.device))  # a valid handle
         return ev, bytes(ev.ipc_handle())
 
-    def begin(self) -> Any:
-        """Enter the copy stream, after the work queued so far on the
-        current stream (the sources' producers)."""
-        s = self._stream
-        mark = self._marks[0]  # reused: a wait takes the record before it
-        mark.record(torch.cuda.current_stream(self.device))
-        s.wait_event(mark)
-        return _cuda.stream(s)
-
-    def done(self) -> None:
-        """The current stream waits for the copies (a source the producer
-        writes again, a scratch tensor reused)."""
-        mark = self._marks[1]
-        mark.record(self._stream)
-        torch.cuda.current_stream(self.device).wait_event(mark)
-
     def record(self, ev: Any) -> None:
         ev.record(torch.cuda.current_stream(self.device))
 
@@ -487,10 +571,9 @@ class _Cuda:
         for k in [k for k in self._events if k[1] in gone]:
             del self._events[k]
 
-    # -- for the one-copy mode (allocconf._onecopy) ----------------------
-
     def capable(self, t: torch.Tensor) -> bool:
-        """Whether classic CUDA IPC can share `t`'s memory."""
+        """Whether classic CUDA IPC can share `t`'s memory (the one-copy
+        mode's targets)."""
         return allocconf.ipc_capable(t)
 
     def graph(self, branches: Sequence[Callable[[], None]]
@@ -937,7 +1020,7 @@ class Sender:
                     f"next bucket")
             self.acknowledge(receive_ack())
         self._next = (b + 1) % len(self._buffers)
-        s.after = self._after.pop(b, None)  # the copy stream waits for it
+        s.after = self._after.pop(b, None)  # the copies wait for it
         self._held.pop(b, None)
         s.buf = b
 
@@ -965,16 +1048,15 @@ class Sender:
         The Sender keeps references to the last state dict's tensors
         for that, until another is sent or it is closed.
 
-        The copies of a bucket run together, when it is full, on a copy
-        stream that waits for the work queued before (the tensors'
-        producers); the work queued after a bucket (an optimizer step)
-        waits for its copies.  A tensor given must keep its values until
-        its bucket is full: an iterable that refills one tensor for every
-        item (a gather into a scratch buffer) needs ``eager=True``, which
-        runs each item's copies before the next item is asked for;
-        without it, a tensor that comes back at an address whose copy
-        has not run raises ValueError instead of sending what the refill
-        wrote."""
+        The copies of a bucket are queued together, when it is full, on
+        the current stream: after the work queued before (the tensors'
+        producers), before the work queued after (an optimizer step).  A
+        tensor given must keep its values until its bucket is full: an
+        iterable that refills one tensor for every item (a gather into a
+        scratch buffer) needs ``eager=True``, which queues each item's
+        copies before the next item is asked for; without it, a tensor
+        that comes back at an address whose copy has not run raises
+        ValueError instead of sending what the refill wrote."""
         if self._closed:
             raise RuntimeError("allocconf.transfer: this Sender is closed")
         casts = _casts(cast)
@@ -988,7 +1070,7 @@ class Sender:
                 # from memory their program holds, so that the check runs
                 # while the device copies; a failed check sends nothing
                 # of them (the tensor by tensor path packs that buffer
-                # again, after them on the copy stream).
+                # again, after them in stream order).
                 last = len(r.buckets) - 1
                 for seq, (entries, pairs, sig) in enumerate(r.buckets):
                     self._take(s, receive_ack)
@@ -1109,29 +1191,32 @@ class Sender:
             return got[1]
         if got is None and any(k[0] != p.id for k in self._programs):
             self._programs.clear()  # another plan's: never used again
-        prog = _Program(self._buffers[s.buf], s.pairs, True)
+        # Kept to be run again: replayed from a CUDA graph where the ops
+        # can capture it.
+        prog = _Program(self._buffers[s.buf], s.pairs, True,
+                        getattr(self._ops, "graph", None))
         self._programs[key] = (sig, prog)
         return prog
 
     def _run(self, s: _Sync, event: Any = None,
              program: Optional[_Program] = None) -> None:
-        """Run the bucket's queued copies on the copy stream, after the
+        """Queue the bucket's copies on the current stream, after the
         sources' producers and the receiver's reads of the buffer, and
-        record `event` there; the work queued next on the current stream
-        (an optimizer step, a refill) waits for them.  The sources are
-        held with the buffer."""
+        record `event` after them; the work queued next (an optimizer
+        step, a refill) runs after them in stream order.  (A copy stream
+        of its own would order nothing more, since that work must wait
+        for the copies anyway, and cost host time to enter and leave:
+        docs/design.md.)  The sources are held with the buffer."""
         assert s.buf is not None
         if program is None and s.pairs:
             program = _Program(self._buffers[s.buf], s.pairs, True)
-        with self._ops.begin():
-            if s.after is not None:
-                self._ops.wait(s.after)
-                s.after = None
-            if program is not None:
-                program.run()
-            if event is not None:
-                self._ops.record(event)
-        self._ops.done()
+        if s.after is not None:
+            self._ops.wait(s.after)
+            s.after = None
+        if program is not None:
+            program.run()
+        if event is not None:
+            self._ops.record(event)
         self._held.setdefault(s.buf, []).extend(s.pairs)
         s.pairs, s.ptrs = [], set()
 
@@ -1208,16 +1293,39 @@ class Sender:
         ``wait=False`` returns once every bucket is sent, while the engine
         still reads them: the trainer may queue its next optimizer step
         at once (the GPU runs it after the copies out of its weights).
-        The Acks are taken by the next sync, or by ``drain(channel)``."""
-        receive_ack = self._receiver(channel, timeout)
+        The Acks are taken by the next sync, or by ``drain(channel)``.
+
+        The buckets' messages are put once the sync's copies are all
+        queued, or earlier where a buffer must come back from the
+        receiver first, and each says to wait for every copy queued
+        before it was put: where the sync fits the free buffers, the
+        engine's reads begin after the trainer's last copy instead of
+        sharing the GPU with it (two processes' kernels take turns on
+        one GPU), so the trainer may step after one copy of its weights
+        and the sync takes no longer (docs/design.md)."""
+        get = self._receiver(channel, timeout)
+        held: List[Message] = []
+
+        def put_held() -> None:
+            for msg in held[:-1]:  # the last one's event is the latest
+                self._ops.record(self._events[msg.buffer][0])
+            for msg in held:
+                channel.put(msg)
+            held.clear()
+
+        def receive_ack() -> Ack:
+            put_held()  # the receiver answers only what it was sent
+            return get()
+
         sent = 0
         try:
             for msg in self.send(tensors, receive_ack=receive_ack,
                                  cast=cast, eager=eager):
-                channel.put(msg)
+                held.append(msg)
                 sent += 1
+            put_held()
             if wait:
-                self.drain(receive_ack)
+                self.drain(get)
         except BaseException:
             self.abort(channel)
             raise
@@ -1269,7 +1377,7 @@ class _Bucket:
     def __init__(self, entries: Tuple[Entry, ...]) -> None:
         self.entries = entries
         self.views: Optional[List[Tuple[Entry, torch.Tensor]]] = None
-        self.bound: Optional[_Program] = None
+        self.bound: Optional[_Lanes] = None
 
 
 class Receiver:
@@ -1438,19 +1546,30 @@ class Receiver:
         if targets is None:
             raise ValueError("allocconf.transfer: load() needs into=, or "
                              "targets bound with bind()")
-        copies = b.bound if bound else None
+        copies: Union[_Lanes, _Program, None] = b.bound if bound else None
         if copies is None:
-            copies = self._copies(msg, b, targets)
+            buf = self._buffer(msg)
+            pairs = self._pairs(b, targets)
             if bound:
-                b.bound = copies
+                # Kept for every sync of this layout: each piece straight
+                # into its target, replayed from a CUDA graph where the
+                # ops can capture it (never split_with_sizes_copy, which
+                # a graph cannot replay safely: _Program).
+                copies = b.bound = _Lanes(
+                    [((_as_bytes(t) if e.whole else
+                       _as_bytes(t)[e.start:e.start + e.nbytes]),
+                      _piece(buf, e)) for e, t in pairs if e.nbytes],
+                    self._ops)
+            else:
+                copies = _Program(buf, pairs, False)
         self._wait(msg)
         copies.run()
         return self._ack(msg)
 
-    def _copies(self, msg: Message, b: _Bucket,
-                targets: Mapping[str, torch.Tensor]) -> _Program:
-        """The copies of bucket `b` into `targets`, every one checked."""
-        buf = self._buffer(msg)
+    def _pairs(self, b: _Bucket, targets: Mapping[str, torch.Tensor]
+               ) -> List[Tuple[Entry, torch.Tensor]]:
+        """Each entry of bucket `b` with its tensor in `targets`, every
+        one checked."""
         pairs: List[Tuple[Entry, torch.Tensor]] = []
         get = targets.get if hasattr(targets, "get") else (lambda n: None)
         for e in b.entries:
@@ -1473,7 +1592,7 @@ class Receiver:
                         f"{'' if t.is_contiguous() else ' (not contiguous)'}"
                         f"; the sender sent {e.dtype}{list(e.shape)}")
                 pairs.append((e, t))
-        return _Program(buf, pairs, False)
+        return pairs
 
     def serve(self, channel: Channel, *,
               into: Optional[Mapping[str, torch.Tensor]] = None,

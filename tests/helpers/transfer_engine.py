@@ -23,9 +23,14 @@ def engine(spec, inbox, outbox, mode="load"):
     import torch
     from allocconf.transfer import Receiver
 
-    dst = {n: torch.zeros(shape, dtype=getattr(torch, d), device="cuda")
-           for n, d, shape in spec}
+    def zeros():
+        return {n: torch.zeros(shape, dtype=getattr(torch, d),
+                               device="cuda") for n, d, shape in spec}
+
+    dst = zeros()
     receiver = Receiver()
+    if mode == "bound":  # its copies kept per bucket layout (graphed)
+        receiver.bind(dst)
     seen = {}
     while True:
         msg = inbox.get()
@@ -33,9 +38,20 @@ def engine(spec, inbox, outbox, mode="load"):
             return
         if msg == "digests":
             torch.cuda.synchronize()
-            outbox.put(digests(dst if mode == "load" else seen))
+            outbox.put(digests(seen if mode == "views" else dst))
             continue
-        if mode == "load":
+        if msg == "graphed":  # whether every bound copy replays a graph
+            outbox.put([b.bound.graphed for b in receiver._buckets.values()
+                        if b.bound is not None])
+            continue
+        if msg == "reload":  # the engine's weights allocated anew
+            dst = zeros()
+            receiver.bind(dst)
+            outbox.put("reloaded")
+            continue
+        if mode == "bound":
+            outbox.put(receiver.load(msg))
+        elif mode == "load":
             outbox.put(receiver.load(msg, dst))
         else:  # views: copy out of the zero-copy views, then release
             for n, v in receiver.views(msg).items():

@@ -4,7 +4,6 @@ events are names, GPUs are UUID strings, and every record, wait, open and
 copy-stream step is logged in order, so the protocol (which buffer, which
 Ack, what waits for what) is checked without a GPU.  The GPU tests
 (tests/gpu/test_transfer_gpu.py) prove the real thing."""
-import contextlib
 import itertools
 
 import torch
@@ -50,13 +49,6 @@ class HostOps:
     def event(self):
         name = f"ev{next(_keys)}".encode()
         return name, name
-
-    def begin(self):
-        self.log.append(("begin",))
-        return contextlib.nullcontext()
-
-    def done(self):
-        self.log.append(("done",))
 
     def record(self, ev):
         self.log.append(("record", ev))

@@ -4,7 +4,6 @@ boundaries (Ray actors): each buffer is a file in /dev/shm mapped shared
 by both sides (the "IPC handle" is its path), events are names and every
 wait is a no-op (CPU copies are done when they return).  The GPU tests
 prove the CUDA path."""
-import contextlib
 import os
 import tempfile
 import uuid
@@ -49,12 +48,6 @@ class ShmOps:
     def event(self):
         name = uuid.uuid4().hex.encode()
         return name, name
-
-    def begin(self):
-        return contextlib.nullcontext()
-
-    def done(self):
-        pass
 
     def record(self, ev):
         pass
