@@ -9,7 +9,8 @@ run's record, as ipc_sync.py saves it) and ipc_sync.svg to --out.
 
 Usage: python benchmarks/ipc_sweep.py [--out DIR] [--warm N]
            [--sizes 0.1,0.5,...] [--no-llama] [--only a,b]
-           [--channel queues|pipes]   (passed to ipc_sync.py)
+           [--channel queues|pipes] [--engine-sees device|event]
+           (the last two passed to ipc_sync.py)
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def main() -> None:
     out = out_dir_arg()
     runs: List[Dict[str, Any]] = []
     common = ["--out", out, "--warm", option("--warm", "5")]
-    for flag in ("--only", "--channel"):
+    for flag in ("--only", "--channel", "--engine-sees"):
         if flag in sys.argv:
             common += [flag, option(flag, "")]
     cases = [["--model", "uniform", "--gib", g]

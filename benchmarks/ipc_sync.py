@@ -59,14 +59,22 @@ its GPU N.
 
 Every message between the two processes, the approaches' own and the
 harness's commands and answers, goes over one allocconf.transfer
-Channel: over two multiprocessing queues by default (--channel queues,
-as the figures on docs/benchmarks.md were measured), or --channel pipes
-(Channel.pipes(): no feeder thread; benchmarks/channel_latency.py).
+Channel: over two multiprocessing queues by default (--channel queues),
+or --channel pipes (Channel.pipes(): no feeder thread;
+benchmarks/channel_latency.py).
+
+How the one-copy engine knows its weights hold the sync: by default
+(--engine-sees device) it synchronises its device after Targets.serve
+queued its stream's wait on the trainer's event, as every other
+approach synchronises after its copies; with --engine-sees event it
+waits on the host for the trainer's event itself (the copies into its
+weights done), its stream's wait queued all the same (Targets.accept).
 
 Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
            [--warm N] [--model uniform|llama8b] [--only a,b]
            [--capacity MIB] [--buffers N] [--branches N] [--as-nobody]
            [--receiver-device N] [--channel queues|pipes]
+           [--engine-sees device|event]
 """
 from __future__ import annotations
 
@@ -104,6 +112,9 @@ CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
 BRANCHES = arg("--branches", 0)  # one-copy: Writer.BRANCHES (0: its own)
 CHANNEL = option("--channel", "queues")
+ENGINE_SEES = option("--engine-sees", "device")
+if ENGINE_SEES not in ("device", "event"):
+    raise SystemExit(f"--engine-sees: device or event, not {ENGINE_SEES!r}")
 #: Copies of the weights a sync makes on the GPU: direct copies out of
 #: the trainer's memory into the engine's, one-copy into it; the others
 #: copy into classic memory first.
@@ -190,6 +201,25 @@ def receiver(shapes: List[Any], channel: Any, device: int,
         weights are in place.  False: the trainer said it is done (its
         None came instead of an answer)."""
         assert targets is not None
+        if ENGINE_SEES == "event":
+            if not told:
+                targets.announce(channel)
+                told.append(True)
+            channel.put(targets.offer())
+            written = channel.get(600)
+            if written is None:
+                return False
+            if not targets.accept(written):
+                raise RuntimeError(f"the write was incomplete: "
+                                   f"{written.error}")
+            ev = events.get(written.event)
+            if ev is None:
+                cuda: Any = torch.cuda  # its Event is untyped
+                ev = events[written.event] = cuda.Event.from_ipc_handle(
+                    dev, written.event)
+            ev.synchronize()  # the trainer's copies into the weights done
+            channel.put(True)
+            return True
         try:
             r = targets.serve(channel, timeout=600)
         except TransferError as exc:
@@ -201,6 +231,9 @@ def receiver(shapes: List[Any], channel: Any, device: int,
         torch.cuda.synchronize(dev)
         channel.put(True)
         return True
+
+    told: List[bool] = []  # --engine-sees event: the map announced
+    events: Dict[bytes, Any] = {}  # the trainer's event, opened once
 
     if targets is not None and not idle():
         return
@@ -452,7 +485,7 @@ def main() -> None:
         summary["warm_ratio_direct_over_pack"] = warm["direct"] / warm["pack"]
     print(f"fastest warm: {summary.get('fastest_warm')}", flush=True)
     record = {"machine": machine(), "gib": nbytes / GiB, "model": MODEL,
-              "channel": CHANNEL,
+              "channel": CHANNEL, "engine_sees": ENGINE_SEES,
               "capacity_mib": CAPACITY_MIB, "buffers": BUFFERS,
               "as_nobody": NOBODY, "receiver_device": RECEIVER_DEVICE,
               "fits_buffers": nbytes <= (CAPACITY_MIB << 20) * BUFFERS,
