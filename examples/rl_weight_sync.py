@@ -9,11 +9,13 @@ The trainer trains (expandable segments: no fragmentation), then for each
 sync packs its parameters into two reusable 64 MiB buffers that a Sender
 allocated once inside ``allocconf.ipc_safe()`` (classic memory, shareable
 by cudaIpcGetMemHandle, no pidfd_getfd needed) and sends a small Message
-per bucket with torch.multiprocessing.  The worker (another process, as an
-inference engine would be) opens each buffer once, loads every bucket into
-its own model and acknowledges it; a buffer is refilled only after its
-acknowledgement.  The worker answers each sync with a checksum, which the
-trainer checks.  Exits 0 when every sync arrived intact.
+per bucket over a ``Channel.pipes()`` channel, one ``Sender.sync`` call a
+sync.  The worker (another process, as an inference engine would be)
+binds its model's parameters once and takes each sync with one
+``Receiver.serve`` call: it opens each buffer once, loads every bucket
+into its parameters and acknowledges it; a buffer is refilled only after
+its acknowledgement.  The worker answers each sync with a checksum,
+which the trainer checks.  Exits 0 when every sync arrived intact.
 
 With --one-copy there are no buffers: the worker allocates its model
 inside ``ipc_safe()`` and exports its parameters once (``Targets``); for
@@ -40,10 +42,10 @@ def checksum(tensors: list[torch.Tensor]) -> float:
     return float(sum(t.float().sum().item() for t in tensors))
 
 
-def worker(layers: int, width: int, inbox, outbox, one_copy: bool) -> None:
-    """The inference side: load each bucket into its own weights, or,
-    with one_copy, let the trainer write them in place."""
-    from allocconf.transfer import Channel, Receiver, Targets
+def worker(layers: int, width: int, channel, one_copy: bool) -> None:
+    """The inference side: load each sync into its own weights, or, with
+    one_copy, let the trainer write them in place."""
+    from allocconf.transfer import Receiver, Targets
 
     if one_copy:  # weights in classic memory, exported once
         with allocconf.ipc_safe():
@@ -53,21 +55,18 @@ def worker(layers: int, width: int, inbox, outbox, one_copy: bool) -> None:
         model = make_model(layers, width, "cuda")
     weights = dict(model.named_parameters())
     receiver = Receiver()
-    channel = Channel(outbox, inbox)  # one-copy: the map goes over it once
+    receiver.bind(weights)  # its copies made once, replayed every sync
     while True:
-        msg = inbox.get()
-        if msg is None:
+        if channel.get(None) is None:  # "sync", or None: the trainer is done
             return
-        if one_copy:  # "sync": offer the weights, take the trainer's write
-            if not targets.serve(channel, timeout=300).complete:
-                raise RuntimeError("the trainer's write failed")
-        else:
-            with torch.no_grad():
-                outbox.put(receiver.load(msg, into=weights))  # the Ack
-            if not msg.last:
-                continue
+        if one_copy:  # offer the weights, take the trainer's write
+            done = targets.serve(channel, timeout=300).complete
+        else:  # every bucket loaded into the bound weights and acked
+            done = receiver.serve(channel, timeout=300).complete
+        if not done:
+            raise RuntimeError("the sync arrived incomplete")
         torch.cuda.synchronize()
-        outbox.put(checksum(list(weights.values())))
+        channel.put(checksum(list(weights.values())))
 
 
 def main() -> int:
@@ -90,12 +89,11 @@ def main() -> int:
     writer = Writer(timeout=300) if args.one_copy else None
 
     ctx = mp.get_context("spawn")
-    inbox, outbox = ctx.Queue(), ctx.Queue()
-    channel = Channel(inbox, outbox)  # one-copy: the worker's offers, back
+    channel, theirs = Channel.pipes(timeout=300)
     proc = ctx.Process(target=worker,
-                       args=(args.layers, args.width, inbox, outbox,
-                             args.one_copy))
+                       args=(args.layers, args.width, theirs, args.one_copy))
     proc.start()
+    theirs.close()  # the worker's end is the worker's alone
     ok = True
     for step in range(args.steps):
         x = torch.randn(64, args.width, device="cuda", dtype=torch.bfloat16)
@@ -106,15 +104,13 @@ def main() -> int:
 
         t0 = time.perf_counter()
         weights = {n: p.detach() for n, p in model.named_parameters()}
-        if writer is not None:
-            inbox.put("sync")  # the worker offers, the trainer writes
+        channel.put("sync")
+        if writer is not None:  # the worker offers, the trainer writes
             writer.sync(channel, weights)
         else:
             assert sender is not None
-            for msg in sender.send(weights, receive_ack=outbox.get):
-                inbox.put(msg)
-            sender.drain(outbox.get)
-        got = outbox.get(timeout=300)
+            sender.sync(weights, channel)
+        got = channel.get(300)
         ms = (time.perf_counter() - t0) * 1e3
         want = checksum(list(weights.values()))
         same = abs(got - want) <= 1e-6 * max(1.0, abs(want))
@@ -123,7 +119,7 @@ def main() -> int:
               f"worker checksum {'matches' if same else 'DIFFERS'}")
     if writer is not None:
         writer.close()  # let go of the worker's weights before it exits
-    inbox.put(None)
+    channel.put(None)
     proc.join(timeout=120)
     where = ("worker weights classic, written in place" if sender is None
              else f"sync buffers classic (ipc_capable="
