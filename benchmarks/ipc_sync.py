@@ -59,9 +59,9 @@ its GPU N.
 
 Every message between the two processes, the approaches' own and the
 harness's commands and answers, goes over one allocconf.transfer
-Channel: over two multiprocessing queues by default (--channel queues),
-or --channel pipes (Channel.pipes(): no feeder thread;
-benchmarks/channel_latency.py).
+Channel: over pipes by default (--channel pipes, Channel.pipes(): no
+feeder thread; benchmarks/channel_latency.py), or two multiprocessing
+queues (--channel queues, as the sweep of 2026-12-04 was measured).
 
 How the one-copy engine knows its weights hold the sync: by default
 (--engine-sees device) it synchronises its device after Targets.serve
@@ -111,7 +111,7 @@ COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
 BRANCHES = arg("--branches", 0)  # one-copy: Writer.BRANCHES (0: its own)
-CHANNEL = option("--channel", "queues")
+CHANNEL = option("--channel", "pipes")
 ENGINE_SEES = option("--engine-sees", "device")
 if ENGINE_SEES not in ("device", "event"):
     raise SystemExit(f"--engine-sees: device or event, not {ENGINE_SEES!r}")
