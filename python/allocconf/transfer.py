@@ -253,6 +253,13 @@ def _piece(buf: torch.Tensor, e: Entry) -> torch.Tensor:
     return buf[e.offset:e.offset + e.nbytes]
 
 
+def _bytes_of(t: torch.Tensor, e: Entry) -> torch.Tensor:
+    """The bytes of contiguous `t` that entry `e` carries (all of them,
+    or one piece of a tensor split across buckets), as a uint8 view."""
+    raw = _as_bytes(t)
+    return raw if e.whole else raw[e.start:e.start + e.nbytes]
+
+
 _WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
 
 
@@ -319,9 +326,7 @@ class _Program:
                 run = self._end(buf, run)
                 self._typed(buf, e, t)
                 continue
-            raw = _as_bytes(t)
-            if not e.whole:
-                raw = raw[e.start:e.start + e.nbytes]
+            raw = _bytes_of(t, e)
             if (self.RUNS and e.nbytes % 8 == 0 and e.offset % 8 == 0
                     and raw.data_ptr() % 8 == 0):
                 if run and e.offset < run[-1][0].offset + run[-1][0].nbytes:
@@ -1556,10 +1561,8 @@ class Receiver:
                 # ops can capture it (never split_with_sizes_copy, which
                 # a graph cannot replay safely: _Program).
                 copies = b.bound = _Lanes(
-                    [((_as_bytes(t) if e.whole else
-                       _as_bytes(t)[e.start:e.start + e.nbytes]),
-                      _piece(buf, e)) for e, t in pairs if e.nbytes],
-                    self._ops)
+                    [(_bytes_of(t, e), _piece(buf, e))
+                     for e, t in pairs if e.nbytes], self._ops)
             else:
                 copies = _Program(buf, pairs, False)
         self._wait(msg)
