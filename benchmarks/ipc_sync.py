@@ -201,25 +201,6 @@ def receiver(shapes: List[Any], channel: Any, device: int,
         weights are in place.  False: the trainer said it is done (its
         None came instead of an answer)."""
         assert targets is not None
-        if ENGINE_SEES == "event":
-            if not told:
-                targets.announce(channel)
-                told.append(True)
-            channel.put(targets.offer())
-            written = channel.get(600)
-            if written is None:
-                return False
-            if not targets.accept(written):
-                raise RuntimeError(f"the write was incomplete: "
-                                   f"{written.error}")
-            ev = events.get(written.event)
-            if ev is None:
-                cuda: Any = torch.cuda  # its Event is untyped
-                ev = events[written.event] = cuda.Event.from_ipc_handle(
-                    dev, written.event)
-            ev.synchronize()  # the trainer's copies into the weights done
-            channel.put(True)
-            return True
         try:
             r = targets.serve(channel, timeout=600)
         except TransferError as exc:
@@ -228,12 +209,15 @@ def receiver(shapes: List[Any], channel: Any, device: int,
             raise
         if not r.complete:
             raise RuntimeError(f"the write was incomplete: {r.error}")
-        torch.cuda.synchronize(dev)
+        if ENGINE_SEES == "event":
+            # The trainer's event, which accept() opened (the only event
+            # the engine opens) and queued its stream's wait on.
+            for ev in targets._ops._events.values():
+                ev.synchronize()  # the copies into the weights done
+        else:
+            torch.cuda.synchronize(dev)
         channel.put(True)
         return True
-
-    told: List[bool] = []  # --engine-sees event: the map announced
-    events: Dict[bytes, Any] = {}  # the trainer's event, opened once
 
     if targets is not None and not idle():
         return
