@@ -14,7 +14,9 @@ queues and over a pipe: the floor of a hand-over.
 With APPROACH one-copy the one-copy mode is timed instead (Writer and
 Targets), and the device time of each replay of its copies and of each
 whole Writer.write (CUDA events on the current stream around them) is
-printed; the files are then named ..._{gib}_one-copy.json.
+printed; the files are then named ..._{gib}_one-copy.json.  For either
+mode it ends with the timeline of a warm sync: when each timed step
+began and ended on both sides, and when the trainer's copies ran.
 
 Usage: python benchmarks/transfer_host_cost.py [GIB [APPROACH]]
        (OUT: $OUT, else .)
@@ -43,7 +45,7 @@ import ipc_sync  # noqa: E402
 from allocconf import transfer as T  # noqa: E402
 
 TIMES: DefaultDict[str, List[float]] = collections.defaultdict(list)
-# one-copy: (what, entered, left) of every timed call, perf_counter
+# (what, entered, left) of every timed call, perf_counter
 # seconds (one clock for both processes), for the timeline of a sync
 TIMELINE: List[Any] = []
 
@@ -90,7 +92,7 @@ def instrument() -> None:
             timed(T.Writer, n)
         for n in ("offer", "check", "accept", "serve"):
             timed(T.Targets, n)
-        for n in ("same", "unchanged"):
+        for n in ("fits", "still"):
             timed(T._Sources, n)
         for n in ("wait", "record"):  # it writes on the current stream
             timed(T._Cuda, n)
@@ -106,8 +108,14 @@ def instrument() -> None:
         timed(T.Receiver, n)
     for n in ("_pack", "_message", "_take", "acknowledge", "drain", "sync"):
         timed(T.Sender, n)
-    timed(T._Replay, "unchanged")
+    for n in ("fits", "still"):
+        timed(T._Sources, n)
+    for n in ("wait", "record"):
+        timed(T._Cuda, n)
     timed(T._Program, "run")
+    timed(T._Lanes, "run")
+    device_timed(T._Program, "run")
+    device_timed(T._Lanes, "run")
 
 
 def report(who: str) -> None:
@@ -126,8 +134,7 @@ def report(who: str) -> None:
         out[f"device {key}"] = {"calls": len(ms), "median_ms": warm}
         print(f"{who:8} on the device, {key}: median {warm:.3f} ms per "
               f"call (of {len(ms)})", flush=True)
-    if APPROACH == "one-copy":
-        out["timeline"] = TIMELINE
+    out["timeline"] = TIMELINE
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     for k, r in out.items():
@@ -199,7 +206,7 @@ def engine(*args: Any) -> None:
         report("engine")
 
 
-STARTS: List[Any] = []  # one-copy: (host time, device event) at each sync
+STARTS: List[Any] = []  # (host time, device event) at each sync
 
 
 def sync_started(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,7 +223,7 @@ def sync_started(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def timeline() -> None:
-    """One-copy: when, after a sync's start, each step happened, median
+    """When, after a sync's start, each step happened, median
     over the warm syncs: the trainer's steps, the engine's (one clock:
     perf_counter is CLOCK_MONOTONIC), and the copies on the device,
     measured from the event recorded at the start (which the device
@@ -228,7 +235,8 @@ def timeline() -> None:
                         f"{SUFFIX}.json")
     with open(path) as f:
         eng = json.load(f)["timeline"]
-    copies = DEVICE.get("_Copies.run", [])
+    copies = DEVICE.get("_Copies.run" if APPROACH == "one-copy"
+                        else "_Program.run", [])
     steps: DefaultDict[str, List[float]] = collections.defaultdict(list)
     for i, (h0, ev0) in enumerate(STARTS[1:], 1):  # warm syncs
         end = STARTS[i + 1][0] if i + 1 < len(STARTS) else h0 + 1.0
@@ -246,7 +254,7 @@ def timeline() -> None:
                     steps[f"{who}: {key}{n} out"].append(t_out - h0)
     rows = sorted((statistics.median(v), k) for k, v in steps.items()
                   if len(v) >= len(STARTS) // 2)
-    print("one-copy sync timeline (ms after its start, median of the "
+    print(f"{APPROACH} sync timeline (ms after its start, median of the "
           "warm syncs):", flush=True)
     for t, k in rows:
         print(f"  {t * 1e3:7.3f}  {k}", flush=True)
@@ -256,9 +264,7 @@ if __name__ == "__main__":
     round_trips()
     instrument()
     ipc_sync.receiver = engine  # what ipc_sync.run() spawns
-    if APPROACH == "one-copy":
-        ipc_sync.one_sync = sync_started(ipc_sync.one_sync)
+    ipc_sync.one_sync = sync_started(ipc_sync.one_sync)
     ipc_sync.main()
     report("trainer")
-    if APPROACH == "one-copy":
-        timeline()
+    timeline()

@@ -215,9 +215,37 @@ def test_a_repeated_sync_reuses_its_copies_and_checks_no_tensor(
     assert now[1] == made[1] and now[0] - made[0]  # the sender's anew
 
 
+CHANGES = ["data", "resize", "view", "dtype", "new", "others", "renamed",
+           "cast"]
+
+
+def changed_in_place(change, src):
+    """`src` changed as `change` says; the cast to send it with."""
+    if change == "data":    # the same tensor object, new memory
+        src["w1"].data = torch.full((64,), 7.0)
+    elif change == "resize":  # the same object, smaller at its address
+        src["w1"].resize_(32)
+        src["w1"].fill_(7.0)
+    elif change == "view":  # the same memory, another shape
+        src["w1"].data = src["w1"].view(8, 8)
+        src["w1"].fill_(7.0)
+    elif change == "dtype":
+        src["w1"].data = torch.full((64,), 7, dtype=torch.float64)
+    elif change == "new":   # a new tensor under the name
+        src["w1"] = torch.full((64,), 7.0)
+    elif change == "others":  # as many tensors, none of them the same
+        for k in list(src):
+            src[k] = src[k] + 10
+    elif change == "renamed":  # the same tensors under other names
+        for k in list(src):
+            src["x" + k] = src.pop(k)
+    else:                   # the same tensors, another cast
+        return {torch.float32: torch.bfloat16}
+    return None
+
+
 @pytest.mark.parametrize("buffers", [1, 2])
-@pytest.mark.parametrize("change", ["data", "resize", "dtype", "new",
-                                    "cast"])
+@pytest.mark.parametrize("change", CHANGES)
 def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
                                                                 buffers):
     # With one buffer the first bucket's copies were made for it and are
@@ -227,18 +255,7 @@ def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
     src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
     sync(sender, receiver, src, {k: torch.zeros_like(v)
                                  for k, v in src.items()})
-    cast = None
-    if change == "data":    # the same tensor object, new memory
-        src["w1"].data = torch.full((64,), 7.0)
-    elif change == "resize":  # the same object, another shape
-        src["w1"].resize_(32)
-        src["w1"].fill_(7.0)
-    elif change == "dtype":
-        src["w1"].data = torch.full((64,), 7, dtype=torch.float64)
-    elif change == "new":   # a new tensor under the name
-        src["w1"] = torch.full((64,), 7.0)
-    else:                   # the same tensors, another cast
-        cast = {torch.float32: torch.bfloat16}
+    cast = changed_in_place(change, src)
     dst = {k: torch.zeros_like(v.to(torch.bfloat16) if cast else v)
            for k, v in src.items()}
     msgs = []
@@ -247,6 +264,38 @@ def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
         msgs.append(msg)
         acks.insert(0, receiver.load(msg, dst))
     sender.drain(acks.pop)
+    want = {k: v.to(torch.bfloat16) if cast else v for k, v in src.items()}
+    assert all(same_bits(want[k], dst[k]) for k in src), change
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_the_replay_check_through_torchs_address_check(change, monkeypatch):
+    # torch's CUDA build checks many tensors' addresses in one call
+    # (torch._C._tensors_data_ptrs_at_indices_equal; the CPU build has
+    # none): a stand-in with its contract, from torch/csrc/cuda/Module.cpp,
+    # records what the check asks of it; the GPU suite runs the real one.
+    calls = []
+
+    def ptrs_equal(tensors, data_ptrs, indices):
+        calls.append((list(tensors), list(data_ptrs), list(indices)))
+        return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
+    monkeypatch.setattr(transfer, "_PTRS_EQUAL", ptrs_equal)
+    sender, receiver, _ = pair(1 << 16, buffers=1)
+    src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
+    sync(sender, receiver, src, {k: torch.zeros_like(v)
+                                 for k, v in src.items()})
+    assert not calls  # the first sync had nothing to check
+    sync(sender, receiver, src, {k: torch.zeros_like(v)
+                                 for k, v in src.items()})
+    assert [c[1:] for c in calls] == [
+        ([t.data_ptr() for t in src.values()], [0, 1, 2, 3])]
+    assert all(a is b for a, b in zip(calls[0][0], src.values()))
+    cast = changed_in_place(change, src)
+    dst = {k: torch.zeros_like(v.to(torch.bfloat16) if cast else v)
+           for k, v in src.items()}
+    for msg in sender.send(src, receive_ack=None, cast=cast):
+        ack = receiver.load(msg, dst)
+        sender.acknowledge(ack)
     want = {k: v.to(torch.bfloat16) if cast else v for k, v in src.items()}
     assert all(same_bits(want[k], dst[k]) for k in src), change
 

@@ -523,13 +523,14 @@ class Writer:
     def _write_all(self, tensors: Mapping[str, Any],
                    casts: Dict[torch.dtype, torch.dtype]) -> int:
         c = self._copies
-        if c is not None and c.sources.same(tensors, casts):
+        if c is not None and c.sources.fits(tensors, casts):
             # Replayed before the check, so that the check runs while the
-            # device copies: the copies hold their sources, so one whose
-            # tensor moved (.data =) read valid, stale memory, written
-            # again below before the engine's event is recorded.
+            # device copies: the copies hold their sources, so where the
+            # tensors are others, or one moved (.data =), they read
+            # valid, stale memory, written again below before the
+            # engine's event is recorded.
             c.run()
-            if c.sources.unchanged():
+            if c.sources.still(tensors):
                 return c.count
         self._copies = None
         m = _Matcher(self._views, casts, self._ops.torch_device)

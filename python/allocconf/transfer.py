@@ -873,6 +873,14 @@ class _Sync:
         self.whole = True        # every message carried the final plan
 
 
+# torch's own check of many tensors' addresses in one call (the CUDA
+# build's; its CUDA graph trees check their inputs with it): a loop in
+# C++ where ``t.data_ptr()`` per tensor is a Python call each.
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
+
+
 class _Sources:
     """The tensors of a state dict as they were when a sync was made of
     them (each with its address, dtype and shape then), and the casts: a
@@ -885,6 +893,7 @@ class _Sources:
         self.ptrs: List[int] = []
         self.dtypes: List[torch.dtype] = []
         self.shapes: List[torch.Size] = []
+        self._indices: List[int] = []
 
     def add(self, name: str, t: torch.Tensor) -> None:
         self.names.append(name)
@@ -893,21 +902,28 @@ class _Sources:
         self.dtypes.append(t.dtype)
         self.shapes.append(t.shape)
 
-    def same(self, tensors: Mapping[str, Any],
+    def fits(self, tensors: Mapping[str, Any],
              casts: Dict[torch.dtype, torch.dtype]) -> bool:
-        """The same names and tensor objects, in order, and casts (cheap:
-        no call on a tensor)."""
-        return (casts == self.casts and len(tensors) == len(self.names)
-                and list(tensors) == self.names
-                and all(map(operator.is_, tensors.values(), self.tensors)))
+        """As many tensors and the same casts: worth running the copies
+        kept before :meth:`still` says whether they were right."""
+        return casts == self.casts and len(tensors) == len(self.names)
 
-    def unchanged(self) -> bool:
-        """Each tensor still at its address, with its dtype and shape
+    def still(self, tensors: Mapping[str, Any]) -> bool:
+        """The same names and tensor objects, in order (cheap: no call on
+        a tensor), each still at its address, with its dtype and shape
         (``.data =``, ``resize_`` and ``set_`` change them in place)."""
         ts = self.tensors
-        return ([t.data_ptr() for t in ts] == self.ptrs
-                and [t.dtype for t in ts] == self.dtypes
-                and [t.shape for t in ts] == self.shapes)
+        if not (list(tensors) == self.names
+                and all(map(operator.is_, tensors.values(), ts))):
+            return False
+        if _PTRS_EQUAL is not None:
+            if len(self._indices) != len(ts):
+                self._indices = list(range(len(ts)))
+            moved = not _PTRS_EQUAL(ts, self.ptrs, self._indices)
+        else:
+            moved = list(map(torch.Tensor.data_ptr, ts)) != self.ptrs
+        return (not moved and list(map(_DTYPE, ts)) == self.dtypes
+                and list(map(_SHAPE, ts)) == self.shapes)
 
 
 class _Replay(_Sources):
@@ -1070,12 +1086,13 @@ class Sender:
         try:
             r = self._replay
             if (isinstance(tensors, Mapping) and not eager and r is not None
-                    and r.plan is self._plan and r.same(tensors, casts)):
-                # The first bucket's copies are queued before the check,
-                # from memory their program holds, so that the check runs
-                # while the device copies; a failed check sends nothing
-                # of them (the tensor by tensor path packs that buffer
-                # again, after them in stream order).
+                    and r.plan is self._plan and r.fits(tensors, casts)):
+                # The first bucket's copies are queued before the check
+                # (whether these are the tensors they were made of,
+                # unchanged), from memory their program holds, so that
+                # the check runs while the device copies; a failed check
+                # sends nothing of them (the tensor by tensor path packs
+                # that buffer again, after them in stream order).
                 last = len(r.buckets) - 1
                 for seq, (entries, pairs, sig) in enumerate(r.buckets):
                     self._take(s, receive_ack)
@@ -1083,11 +1100,11 @@ class Sender:
                     if seq == 0:
                         made = self._programs.get((r.plan.id, 0, s.buf))
                         early = made is not None and made[0] == sig
-                        if not (early or r.unchanged()):
+                        if not (early or r.still(tensors)):
                             break  # no copy made: the tensors changed
                     s.entries, s.pairs = list(entries), pairs
                     self._pack(s, r.plan, sig)
-                    if seq == 0 and early and not r.unchanged():
+                    if seq == 0 and early and not r.still(tensors):
                         break
                     yield self._message(s, seq == last, r.plan)
                 else:
