@@ -95,6 +95,42 @@ def test_a_silent_peer_times_out_and_the_channel_stays_usable():
     assert a.get(5) == "late"
 
 
+def test_messages_read_together_come_out_one_by_one_without_waiting():
+    # A read takes what the pipe holds (up to 64 KiB): messages written
+    # before the reader looked come in one read, the rest kept for the
+    # next gets, which then neither wait nor see the pipe empty.
+    a, b = Channel.pipes(timeout=5)
+    sent = ["one", b"x" * 30000, ("three", 3), "four"]  # < the pipe's 64 KiB
+    for m in sent:
+        b.put(m)
+    t = time.monotonic()
+    got = [a.get(0.5) for _ in sent]
+    assert got == sent
+    assert time.monotonic() - t < 2
+    with pytest.raises(TransferError, match="nothing came"):
+        a.get(0.1)
+    b.put("after")
+    assert a.get(5) == "after"
+
+
+def test_a_message_cut_after_a_whole_one_breaks_the_end_after_it():
+    # The whole message is read; the cut one, its bytes already taken
+    # with it, then fails as cut (never as "nothing came").
+    import os
+    from multiprocessing.reduction import ForkingPickler
+
+    from allocconf.transfer import _FRAME
+    a, b = Channel.pipes(timeout=0.3)
+    b.put("whole")
+    data = bytes(ForkingPickler.dumps("cut short" * 10))
+    os.write(b.outbox._fd(), _FRAME.pack(len(data)) + data[:5])
+    assert a.get(5) == "whole"
+    with pytest.raises(TransferError, match="stopped coming part-way"):
+        a.get(5)
+    with pytest.raises(TransferError, match="broken"):
+        a.get(5)
+
+
 def test_a_peer_that_stops_reading_fails_the_write_instead_of_hanging():
     a, b = Channel.pipes(timeout=0.3)
     err = raised_within(20, a.put, b"x" * (4 << 20))  # far more than fits

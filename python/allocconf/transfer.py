@@ -686,7 +686,10 @@ class _Pipe:
     ``multiprocessing`` pipe (picklable to a child process), its file
     descriptor used non-blocking so that every wait is bounded.  Each
     message is its length (8 bytes) and its pickle (``ForkingPickler``,
-    as a ``multiprocessing`` queue pickles: torch's reductions apply).
+    as a ``multiprocessing`` queue pickles: torch's reductions apply),
+    written in one system call where the pipe has room and read in one
+    where it holds the message whole (a hand-over's floor is the peer's
+    wake-up; each call more costs several microseconds in a VM).
     A write or read cut short (the peer stopped reading, or died
     mid-message) leaves the pipe out of step: the end is then broken and
     refuses to be used again.  One lock per end: threads may share it."""
@@ -705,6 +708,7 @@ class _Pipe:
         self._lock = threading.Lock()
         self._ready = False    # its descriptor made non-blocking here
         self._broken: Optional[str] = None
+        self._rest = bytearray()  # read past the last message: the next
 
     def _fd(self) -> int:
         if self._broken is not None:
@@ -748,17 +752,20 @@ class _Pipe:
             fd = self._fd()
             head = self._read(fd, _FRAME.size, timeout)
             (n,) = _FRAME.unpack(head)
-            return pickle.loads(self._read(fd, n, self._timeout, head))
+            return pickle.loads(self._read(fd, n, self._timeout, True))
 
     def _read(self, fd: int, n: int, timeout: Optional[float],
-              begun: bytes = b"") -> bytes:
+              begun: bool = False) -> bytes:
         """`n` bytes; none within `timeout` seconds at the start of a
-        message raises queue.Empty (Channel.get's TransferError)."""
-        got = bytearray()
+        message raises queue.Empty (Channel.get's TransferError).  Each
+        read takes what the pipe holds, up to 64 KiB: a message's length
+        and its bytes in one system call, what follows kept for the next
+        read."""
+        got = self._rest
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(got) < n:
             try:
-                chunk = os.read(fd, n - len(got))
+                chunk = os.read(fd, max(n - len(got), 1 << 16))
             except BlockingIOError:
                 left = (None if deadline is None
                         else max(0.0, deadline - time.monotonic()))
@@ -776,7 +783,8 @@ class _Pipe:
             # Once a message has begun, each wait counts from the last
             # bytes that came.
             deadline = time.monotonic() + self._timeout
-        return bytes(got)
+        self._rest = got[n:]
+        return bytes(got[:n])
 
     def close(self) -> None:
         self._conn.close()
