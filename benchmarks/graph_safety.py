@@ -16,10 +16,16 @@ Usage: python benchmarks/graph_safety.py
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Callable, List, Tuple
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import median  # noqa: E402
 
 N, PER = 512, 1 << 17  # 512 x 1 MiB of int64
 
@@ -87,8 +93,7 @@ def main() -> None:
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
-        ts.sort()
-        print(f"{name:12} host launch median {ts[10] * 1e6:7.1f} us")
+        print(f"{name:12} host launch median {median(ts) * 1e6:7.1f} us")
 
 
 if __name__ == "__main__":
