@@ -708,7 +708,7 @@ class _Pipe:
         self._lock = threading.Lock()
         self._ready = False    # its descriptor made non-blocking here
         self._broken: Optional[str] = None
-        self._rest = bytearray()  # read past the last message: the next
+        self._rest = bytearray()  # bytes read past the last message
 
     def _fd(self) -> int:
         if self._broken is not None:
