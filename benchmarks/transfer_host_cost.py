@@ -87,15 +87,15 @@ def device_timed(cls: Any, name: str) -> None:
 def instrument() -> None:
     for n in ("get", "put"):
         timed(T.Channel, n)
+    for n in ("fits", "still"):  # the replay check, both modes
+        timed(T._Sources, n)
+    for n in ("wait", "record"):  # both write on the current stream
+        timed(T._Cuda, n)
     if APPROACH == "one-copy":
         for n in ("write", "_write_all", "sync"):
             timed(T.Writer, n)
         for n in ("offer", "check", "accept", "serve"):
             timed(T.Targets, n)
-        for n in ("fits", "still"):
-            timed(T._Sources, n)
-        for n in ("wait", "record"):  # it writes on the current stream
-            timed(T._Cuda, n)
         from allocconf import _onecopy
         timed(_onecopy._Copies, "run")
         device_timed(_onecopy._Copies, "run")
@@ -108,10 +108,6 @@ def instrument() -> None:
         timed(T.Receiver, n)
     for n in ("_pack", "_message", "_take", "acknowledge", "drain", "sync"):
         timed(T.Sender, n)
-    for n in ("fits", "still"):
-        timed(T._Sources, n)
-    for n in ("wait", "record"):
-        timed(T._Cuda, n)
     timed(T._Program, "run")
     timed(T._Lanes, "run")
     device_timed(T._Program, "run")

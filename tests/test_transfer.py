@@ -244,6 +244,20 @@ def changed_in_place(change, src):
     return None
 
 
+def sent_as_they_are_now(sender, receiver, src, change):
+    """`src` changed as `change` says, then sent: the receiver holds it
+    bit for bit as it is now (cast where the change is a cast)."""
+    cast = changed_in_place(change, src)
+    dst = {k: torch.zeros_like(v.to(torch.bfloat16) if cast else v)
+           for k, v in src.items()}
+    acks = []
+    for msg in sender.send(src, receive_ack=acks.pop, cast=cast):
+        acks.insert(0, receiver.load(msg, dst))
+    sender.drain(acks.pop)
+    want = {k: v.to(torch.bfloat16) if cast else v for k, v in src.items()}
+    assert all(same_bits(want[k], dst[k]) for k in src), change
+
+
 @pytest.mark.parametrize("buffers", [1, 2])
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
@@ -255,17 +269,7 @@ def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
     src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
     sync(sender, receiver, src, {k: torch.zeros_like(v)
                                  for k, v in src.items()})
-    cast = changed_in_place(change, src)
-    dst = {k: torch.zeros_like(v.to(torch.bfloat16) if cast else v)
-           for k, v in src.items()}
-    msgs = []
-    acks = []
-    for msg in sender.send(src, receive_ack=acks.pop, cast=cast):
-        msgs.append(msg)
-        acks.insert(0, receiver.load(msg, dst))
-    sender.drain(acks.pop)
-    want = {k: v.to(torch.bfloat16) if cast else v for k, v in src.items()}
-    assert all(same_bits(want[k], dst[k]) for k in src), change
+    sent_as_they_are_now(sender, receiver, src, change)
 
 
 @pytest.mark.parametrize("change", CHANGES)
@@ -290,14 +294,7 @@ def test_the_replay_check_through_torchs_address_check(change, monkeypatch):
     assert [c[1:] for c in calls] == [
         ([t.data_ptr() for t in src.values()], [0, 1, 2, 3])]
     assert all(a is b for a, b in zip(calls[0][0], src.values()))
-    cast = changed_in_place(change, src)
-    dst = {k: torch.zeros_like(v.to(torch.bfloat16) if cast else v)
-           for k, v in src.items()}
-    for msg in sender.send(src, receive_ack=None, cast=cast):
-        ack = receiver.load(msg, dst)
-        sender.acknowledge(ack)
-    want = {k: v.to(torch.bfloat16) if cast else v for k, v in src.items()}
-    assert all(same_bits(want[k], dst[k]) for k in src), change
+    sent_as_they_are_now(sender, receiver, src, change)
 
 
 def test_the_copies_kept_are_bounded(monkeypatch):
