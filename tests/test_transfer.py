@@ -258,18 +258,71 @@ def sent_as_they_are_now(sender, receiver, src, change):
     assert all(same_bits(want[k], dst[k]) for k in src), change
 
 
+@pytest.mark.parametrize("replays", [0, 2])
 @pytest.mark.parametrize("buffers", [1, 2])
 @pytest.mark.parametrize("change", CHANGES)
-def test_a_state_dict_changed_in_place_is_never_replayed_stale(change,
-                                                                buffers):
+def test_a_state_dict_changed_in_place_is_never_replayed_stale(
+        change, buffers, replays):
     # With one buffer the first bucket's copies were made for it and are
     # queued before the check; with two, the next sync packs the other
-    # buffer, whose copies are made only after the check.
+    # buffer, whose copies are made only after the check.  After a replay
+    # the check is torch's guard (one call), before it tensor by tensor.
     sender, receiver, _ = pair(1 << 16, buffers=buffers)
     src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
-    sync(sender, receiver, src, {k: torch.zeros_like(v)
-                                 for k, v in src.items()})
+    for _ in range(1 + replays):
+        sync(sender, receiver, src, {k: torch.zeros_like(v)
+                                     for k, v in src.items()})
+    assert (sender._replay._guard is not None) == (replays > 0)
     sent_as_they_are_now(sender, receiver, src, change)
+
+
+@pytest.mark.parametrize("replays", [0, 2])
+def test_a_tensor_restrided_in_place_is_refused_not_replayed(replays):
+    # The same object, address, dtype and shape, but strides that read
+    # other memory (here every element reads the first): a replay would
+    # send the bytes, not the values; the tensor is refused as any
+    # tensor that is not contiguous is.
+    sender, receiver, _ = pair(1 << 16, buffers=1)
+    src = {f"w{i}": torch.arange(64.0) + i for i in range(4)}
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    for _ in range(1 + replays):
+        sync(sender, receiver, src, dst)
+    w = src["w1"]
+    w.set_(w.untyped_storage(), 0, (64,), (0,))
+    with pytest.raises(ValueError, match="'w1' is not contiguous"):
+        sync(sender, receiver, src, dst)
+
+
+def test_the_replay_check_is_one_guard_call_once_it_passed(monkeypatch):
+    # The first replay checks dtypes, shapes and strides tensor by tensor
+    # and then guards them with torch's TensorGuards (in the CPU build
+    # too); later replays ask the guard alone.  A guard that refuses
+    # (another dispatch state: inference mode) is followed by the check
+    # tensor by tensor, and a new guard: still replayed, still right.
+    assert transfer._TENSOR_GUARDS is not None, "torch has no TensorGuards"
+    looked = []
+    monkeypatch.setattr(transfer, "_DTYPE",
+                        lambda t: looked.append(t) or t.dtype)
+    sender, receiver, _ = pair(1 << 16, buffers=1)
+    src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    sync(sender, receiver, src, dst)
+    made = sender._replay
+    sync(sender, receiver, src, dst)
+    assert len(looked) == 4 and made._guard is not None
+    for step in range(3):
+        for t in src.values():
+            t.add_(1.0)
+        sync(sender, receiver, src, dst)
+        assert all(same_bits(src[k], dst[k]) for k in src), step
+    assert len(looked) == 4 and sender._replay is made
+    guard = made._guard
+    with torch.inference_mode():
+        assert guard.check(*src.values()) is False  # its dispatch state
+        sync(sender, receiver, src, dst)
+    assert len(looked) == 8 and sender._replay is made
+    assert made._guard is not guard and all(
+        same_bits(src[k], dst[k]) for k in src)
 
 
 @pytest.mark.parametrize("change", CHANGES)

@@ -219,6 +219,29 @@ def test_other_tensors_after_a_replay_are_written_from_themselves(change):
     assert (link.writer._copies is copies) == (change == "round trip")
 
 
+@pytest.mark.parametrize("replays", [0, 2])
+def test_a_tensor_restrided_in_place_is_refused_and_the_engine_told(
+        replays):
+    # The same object, address, dtype and shape, strides that read other
+    # memory: the kept copies (run before the check) wrote its old bytes,
+    # so the sync must not count as complete; it is refused as any tensor
+    # that is not contiguous is.  After a replay the check is torch's
+    # one-call guard, before it tensor by tensor.
+    e = engine()
+    link = Link(e.targets())
+    hf = hf_weights(2, 8, 16, seed=5)
+    for _ in range(1 + replays):
+        r, w = link.sync(hf)
+        assert r.complete and e.matches(hf)
+    assert (link.writer._copies.sources._guard is not None) == (replays > 0)
+    t = hf["model.norm.weight"]
+    t.set_(t.untyped_storage(), t.storage_offset(), t.shape, (0,))
+    r, w = link.sync(hf)
+    assert isinstance(w, ValueError), w
+    assert "'model.norm.weight' is not contiguous" in str(w)
+    assert not r.complete and r.error.startswith("ValueError")
+
+
 def test_casts_are_bit_exact_to_tensor_to_small_and_large():
     g = torch.Generator().manual_seed(4)
     src = {"big": torch.randn(3000, generator=g) * 1e3,

@@ -887,12 +887,35 @@ class _Sync:
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
+_STRIDE = torch.Tensor.stride
+
+
+def _tensor_guards() -> Any:
+    """torch's check of many tensors' dtypes, devices, shapes and strides
+    in one call, a loop in C++ (TorchDynamo guards its compiled frames'
+    tensor inputs with it: ``torch._C._dynamo.guards.TensorGuards``), or
+    None where this torch has none that answers as it should.  Both
+    keywords are always passed: without them its constructor crashes."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+        a, b = torch.empty(2), torch.empty(2, dtype=torch.float64)
+        g = TensorGuards(a, dynamic_dims_sizes=None,
+                         dynamic_dims_strides=None)
+        if g.check(a) is True and g.check(b) is False:
+            return TensorGuards
+    except Exception:
+        pass
+    return None
+
+
+_TENSOR_GUARDS = _tensor_guards()
 
 
 class _Sources:
     """The tensors of a state dict as they were when a sync was made of
-    them (each with its address, dtype and shape then), and the casts: a
-    later sync of the same tensors, unchanged, is made the same way."""
+    them (each with its address, dtype, shape and strides then), and the
+    casts: a later sync of the same tensors, unchanged, is made the same
+    way."""
 
     def __init__(self, casts: Dict[torch.dtype, torch.dtype]) -> None:
         self.casts = casts
@@ -901,7 +924,11 @@ class _Sources:
         self.ptrs: List[int] = []
         self.dtypes: List[torch.dtype] = []
         self.shapes: List[torch.Size] = []
+        self.strides: List[Tuple[int, ...]] = []
         self._indices: List[int] = []
+        # torch's one-call check of the tensors' metadata, made once they
+        # passed the exact check (_tensor_guards).
+        self._guard: Any = None
 
     def add(self, name: str, t: torch.Tensor) -> None:
         self.names.append(name)
@@ -909,6 +936,7 @@ class _Sources:
         self.ptrs.append(t.data_ptr())
         self.dtypes.append(t.dtype)
         self.shapes.append(t.shape)
+        self.strides.append(t.stride())
 
     def fits(self, tensors: Mapping[str, Any],
              casts: Dict[torch.dtype, torch.dtype]) -> bool:
@@ -918,8 +946,12 @@ class _Sources:
 
     def still(self, tensors: Mapping[str, Any]) -> bool:
         """The same names and tensor objects, in order (cheap: no call on
-        a tensor), each still at its address, with its dtype and shape
-        (``.data =``, ``resize_`` and ``set_`` change them in place)."""
+        a tensor), each still at its address, with its dtype, shape and
+        strides (``.data =``, ``resize_``, ``set_`` and in-place views
+        change them in place).  The metadata is checked in one call by
+        torch's guard where it has one; what the guard refuses (it also
+        sees the thread's dispatch state, e.g. inference mode) is checked
+        tensor by tensor, and guarded anew if it passes."""
         ts = self.tensors
         if not (list(tensors) == self.names
                 and all(map(operator.is_, tensors.values(), ts))):
@@ -927,11 +959,29 @@ class _Sources:
         if _PTRS_EQUAL is not None:
             if len(self._indices) != len(ts):
                 self._indices = list(range(len(ts)))
-            moved = not _PTRS_EQUAL(ts, self.ptrs, self._indices)
-        else:
-            moved = list(map(torch.Tensor.data_ptr, ts)) != self.ptrs
-        return (not moved and list(map(_DTYPE, ts)) == self.dtypes
-                and list(map(_SHAPE, ts)) == self.shapes)
+            if not _PTRS_EQUAL(ts, self.ptrs, self._indices):
+                return False
+        elif list(map(torch.Tensor.data_ptr, ts)) != self.ptrs:
+            return False
+        g = self._guard
+        if g is not None:
+            try:
+                if g.check(*ts) is True:
+                    return True
+            except Exception:
+                pass
+        if not (list(map(_DTYPE, ts)) == self.dtypes
+                and list(map(_SHAPE, ts)) == self.shapes
+                and list(map(_STRIDE, ts)) == self.strides):
+            return False
+        self._guard = None
+        if _TENSOR_GUARDS is not None:
+            try:
+                self._guard = _TENSOR_GUARDS(*ts, dynamic_dims_sizes=None,
+                                             dynamic_dims_strides=None)
+            except Exception:
+                pass
+        return True
 
 
 class _Replay(_Sources):
