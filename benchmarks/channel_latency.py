@@ -11,7 +11,10 @@ calls release it).
           to the queue's feeder thread, which pickles and writes it once
           it gets the GIL
   pipes   Channel.pipes(): the message pickled and written in the
-          putting thread
+          putting thread; the peer's get polls the pipe for 2 ms (its
+          spin) before it sleeps in select
+  sleeps  the same with spin=0: the peer sleeps in select at once, and
+          the kernel wakes it
 
 No GPU needed: this is host latency only.  Prints, per kind of work,
 busy time and channel, the median one-way latency (of --count messages, after 20 warm-up
@@ -62,8 +65,8 @@ def busy(seconds: float, work: str, a: Any, b: Any) -> None:
 
 def measure(kind: str, busy_s: float, work: str) -> List[float]:
     ctx = mp.get_context("spawn")
-    if kind == "pipes":
-        mine, theirs = Channel.pipes()
+    if kind in ("pipes", "sleeps"):
+        mine, theirs = Channel.pipes(spin=0.002 if kind == "pipes" else 0)
     else:
         out, back = ctx.Queue(), ctx.Queue()
         mine, theirs = Channel(out, back), Channel(back, out)
@@ -93,11 +96,12 @@ def main() -> None:
             if work == "torch" and not b:
                 continue  # the same as idle Python
             row = {kind: median(measure(kind, b / 1e6, work)) * 1e6
-                   for kind in ("queues", "pipes")}
+                   for kind in ("queues", "pipes", "sleeps")}
             results[f"{work} {b}"] = row
             print(f"  {work:6} work {b:5d} us: queues {row['queues']:8.1f} "
                   f"us, pipes {row['pipes']:7.1f} us "
-                  f"({row['queues'] / row['pipes']:.1f}x)", flush=True)
+                  f"({row['queues'] / row['pipes']:.1f}x), pipes with "
+                  f"spin=0 {row['sleeps']:7.1f} us", flush=True)
     save("channel_latency", {"machine": machine(), "count": COUNT,
                              "busy_us": BUSY_US, "latency_us": results},
          out_dir_arg())

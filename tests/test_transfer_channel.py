@@ -175,6 +175,42 @@ def test_a_closed_end_refuses_and_bad_timeouts_are_refused_naming_them():
             Channel.pipes(timeout=bad)
 
 
+@pytest.mark.parametrize("spin", [0, 1])
+def test_a_get_polls_for_spin_seconds_before_it_sleeps(spin, monkeypatch):
+    # A message that comes within `spin` is seen by polling the pipe,
+    # never by sleeping in select (whose wake-up is what spin saves); with
+    # spin 0 the wait sleeps at once.
+    from allocconf import transfer
+    slept = []
+    real = transfer.select.select
+
+    def select(r, w, x, timeout=None):
+        slept.append(timeout)
+        return real(r, w, x, timeout)
+    monkeypatch.setattr(transfer.select, "select", select)
+    a, b = Channel.pipes(timeout=5, spin=spin)
+    later = threading.Timer(0.05, b.put, ("late",))
+    later.start()
+    assert a.get(5) == "late"
+    later.join()
+    assert (slept == []) == (spin == 1), slept
+
+
+def test_spin_never_outlasts_the_timeout_and_travels_to_the_child():
+    a, b = Channel.pipes(spin=1)
+    t = time.monotonic()
+    with pytest.raises(TransferError, match="nothing came"):
+        a.get(0.05)
+    assert time.monotonic() - t < 0.9  # the timeout's 0.05 s, not spin's
+    # What a child's copy of the end is made of (its Process pickles it).
+    child = object.__new__(type(b.inbox))
+    child.__setstate__(b.inbox.__getstate__())
+    assert child._spin == 1.0 and child._timeout == 60.0
+    for bad in (-0.1, 1.5, "0", True, None):
+        with pytest.raises(ValueError, match=f"spin must be .*{bad!r}"):
+            Channel.pipes(spin=bad)
+
+
 def test_a_sync_into_a_child_engine_then_its_exit_is_seen_at_once():
     shapes = [("a", (300,)), ("b", (7, 9)), ("c", (2000,))]
     mine, proc = start(pipe_peer.engine, shapes)

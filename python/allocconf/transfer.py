@@ -630,7 +630,8 @@ class Channel:
         self.inbox = inbox
 
     @classmethod
-    def pipes(cls, timeout: float = 60.0) -> Tuple["Channel", "Channel"]:
+    def pipes(cls, timeout: float = 60.0, *, spin: float = 0.002
+              ) -> Tuple["Channel", "Channel"]:
         """The two ends of a channel over two one-way pipes, for a peer
         in a child process (give it the second end as an argument of its
         ``Process``; they do not go through Ray).  A message is pickled
@@ -643,17 +644,27 @@ class Channel:
         a peer that exited, its end closed, raises TransferError at once
         instead of after the timeout: call :meth:`close` on the child's
         end in the parent once the child has started, so that the parent
-        holds no copy of it."""
+        holds no copy of it.
+
+        A get polls the pipe for up to `spin` seconds before it sleeps
+        (0: sleeps at once): a peer that answers within it is seen
+        without a wake-up through the kernel, which costs each side tens
+        of microseconds in a VM (docs/design.md, "Channels"); a wait
+        longer than `spin` costs that much CPU time more."""
         if (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                 or not timeout > 0):
             raise ValueError(f"allocconf.transfer: timeout must be a "
                              f"number of seconds > 0, got {timeout!r}")
+        if (not isinstance(spin, (int, float)) or isinstance(spin, bool)
+                or not 0 <= spin <= 1):
+            raise ValueError(f"allocconf.transfer: spin must be a number "
+                             f"of seconds from 0 to 1, got {spin!r}")
         import multiprocessing
         a_in, b_out = multiprocessing.Pipe(duplex=False)  # (read, write)
         b_in, a_out = multiprocessing.Pipe(duplex=False)
-        t = float(timeout)
-        return (cls(_Pipe(a_out, t), _Pipe(a_in, t)),
-                cls(_Pipe(b_out, t), _Pipe(b_in, t)))
+        t, w = float(timeout), float(spin)
+        return (cls(_Pipe(a_out, t), _Pipe(a_in, t, w)),
+                cls(_Pipe(b_out, t), _Pipe(b_in, t, w)))
 
     def close(self) -> None:
         """Close this end where it is a pipe end (:meth:`pipes`); a
@@ -696,15 +707,17 @@ class _Pipe:
 
     _pipe = True
 
-    def __init__(self, conn: Any, timeout: float) -> None:
-        self.__setstate__({"conn": conn, "timeout": timeout})
+    def __init__(self, conn: Any, timeout: float, spin: float = 0.0) -> None:
+        self.__setstate__({"conn": conn, "timeout": timeout, "spin": spin})
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"conn": self._conn, "timeout": self._timeout}
+        return {"conn": self._conn, "timeout": self._timeout,
+                "spin": self._spin}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self._conn = state["conn"]
         self._timeout: float = state["timeout"]
+        self._spin: float = state.get("spin", 0.0)  # the read end's
         self._lock = threading.Lock()
         self._ready = False    # its descriptor made non-blocking here
         self._broken: Optional[str] = None
@@ -763,12 +776,20 @@ class _Pipe:
         read."""
         got = self._rest
         deadline = None if timeout is None else time.monotonic() + timeout
+        polls = None  # until when an empty pipe is polled, not slept on
         while len(got) < n:
             try:
                 chunk = os.read(fd, max(n - len(got), 1 << 16))
             except BlockingIOError:
+                now = time.monotonic()
+                if polls is None:
+                    polls = now + self._spin
+                    if deadline is not None:
+                        polls = min(polls, deadline)
+                if now < polls:
+                    continue
                 left = (None if deadline is None
-                        else max(0.0, deadline - time.monotonic()))
+                        else max(0.0, deadline - now))
                 if select.select([fd], [], [], left)[0]:
                     continue
                 if not got and not begun:
