@@ -19,7 +19,8 @@ engine's load_weights does.
               a sync starts with its offer waiting; the trainer's Writer
               writes straight into them (Writer.sync): no buffer
               (--branches N: the parallel lanes of its copies' CUDA
-              graph, Writer.BRANCHES)
+              graph, Writer.BRANCHES; and of the transfer receiver's
+              bound copies, Receiver.BRANCHES)
   (one-by-one, pack and transfer copy the weights twice: into classic
   memory, out of it; direct and one-copy once)
 
@@ -110,7 +111,7 @@ NOBODY = "--as-nobody" in sys.argv
 COUNT = arg("--count", 512)
 CAPACITY_MIB = arg("--capacity", 1024)
 BUFFERS = arg("--buffers", 2)
-BRANCHES = arg("--branches", 0)  # one-copy: Writer.BRANCHES (0: its own)
+BRANCHES = arg("--branches", 0)  # Writer's, Receiver's (0: their own)
 CHANNEL = option("--channel", "pipes")
 ENGINE_SEES = option("--engine-sees", "device")
 if ENGINE_SEES not in ("device", "event"):
@@ -188,6 +189,8 @@ def receiver(shapes: List[Any], channel: Any, device: int,
                   for s in shapes]
     numels = [t.numel() for t in engine]
     named = {f"w{i}": t for i, t in enumerate(engine)}
+    if BRANCHES:
+        Receiver.BRANCHES = BRANCHES
     rx = Receiver()
     rx.bind(named)
     targets = Targets(named) if approach == "one-copy" else None

@@ -174,6 +174,28 @@ def test_a_changed_layout_is_never_served_a_stale_view(route):
         assert all(same_bits(src[k], dst[k]) for k in src), layout
 
 
+@pytest.mark.parametrize("branches", [1, 3])
+def test_the_receivers_bound_copies_run_in_its_branches(branches):
+    # Receiver.BRANCHES deals a bucket's bound copies (each >= SMALL its
+    # own) to that many lanes, as Writer.BRANCHES does the one-copy
+    # mode's; the sync lands whole either way.
+    class Rx(Receiver):
+        BRANCHES = branches
+    big = transfer._Lanes.SMALL // 4  # float32 elements of SMALL bytes
+    src = {f"w{i}": torch.full((big,), float(i)) for i in range(5)}
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    log = []
+    sender = Sender(8 * transfer._Lanes.SMALL, 1, _ops=HostOps(log))
+    receiver = Rx(_ops=HostOps(log))
+    receiver.bind(dst)
+    sync(sender, receiver, src, None)
+    assert all(same_bits(src[k], dst[k]) for k in src)
+    (b,) = [b.bound for b in receiver._buckets.values() if b.bound]
+    assert len(b.lanes_of) == branches
+    assert sorted(len(lane) for lane in b.lanes_of) == (
+        [5] if branches == 1 else [1, 2, 2])
+
+
 _alive = []  # the programs compared, kept so that no id is reused
 
 

@@ -1490,6 +1490,7 @@ class Receiver:
     the old one's buffers."""
 
     LIMIT = 1 << 12  # buckets kept (entries, views, copies) before a reset
+    BRANCHES = _Lanes.BRANCHES  # parallel lanes of its bound copies' graph
 
     def __init__(self, device: Optional[int] = None, *,
                  _ops: Any = None) -> None:
@@ -1658,7 +1659,8 @@ class Receiver:
                 # a graph cannot replay safely: _Program).
                 copies = b.bound = _Lanes(
                     [(_bytes_of(t, e), _piece(buf, e))
-                     for e, t in pairs if e.nbytes], self._ops)
+                     for e, t in pairs if e.nbytes], self._ops,
+                    branches=self.BRANCHES)
             else:
                 copies = _Program(buf, pairs, False)
         self._wait(msg)
