@@ -918,12 +918,14 @@ def _tensor_guards() -> Any:
     None where this torch has none that answers as it should.  Both
     keywords are always passed: without them its constructor crashes."""
     try:
-        from torch._C._dynamo.guards import TensorGuards
+        from torch._C._dynamo import guards
+        # Any: its stub's signature is not the constructor's (CI's mypy
+        # refuses the call it types; the call below is how torch makes it)
+        cls: Any = getattr(guards, "TensorGuards")
         a, b = torch.empty(2), torch.empty(2, dtype=torch.float64)
-        g = TensorGuards(a, dynamic_dims_sizes=None,
-                         dynamic_dims_strides=None)
+        g = cls(a, dynamic_dims_sizes=None, dynamic_dims_strides=None)
         if g.check(a) is True and g.check(b) is False:
-            return TensorGuards
+            return cls
     except Exception:
         pass
     return None
