@@ -7,10 +7,18 @@ the trainer waits for against one copy, and the one-copy mode's against
 one copy.  Writes ipc_sync.json (every
 run's record, as ipc_sync.py saves it) and ipc_sync.svg to --out.
 
+A whole sweep outlasts one device call (10 minutes), so it is run in
+parts (--sizes 0.1,0.5,1,2 --no-llama, then --sizes 8,16) and the parts'
+ipc_sync.json files joined with --merge: their runs in one ipc_sync.json,
+ordered by size (llama8b last), one table and one plot, as one sweep
+would have written them.  Parts measured on other GPUs or torch builds
+are refused: their figures do not belong in one table.
+
 Usage: python benchmarks/ipc_sweep.py [--out DIR] [--warm N]
            [--sizes 0.1,0.5,...] [--no-llama] [--only a,b]
            [--channel queues|pipes] [--engine-sees device|event]
            (the last two passed to ipc_sync.py)
+       python benchmarks/ipc_sweep.py --out DIR --merge A.json B.json ...
 """
 from __future__ import annotations
 
@@ -60,8 +68,53 @@ HEADER = ("| weights | tensors | one copy (ms) | two copies | direct | "
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
+def write(sweep: Dict[str, Any], out: str) -> None:
+    """The sweep's table printed, its ipc_sync.json and plot in out."""
+    runs = sweep["runs"]
+    print("\n" + HEADER)
+    for r in runs:
+        print(row(r))
+    save("ipc_sync", sweep, out)
+    if runs:
+        with open(os.path.join(out, "ipc_sync.svg"), "w") as f:
+            f.write(svg(runs))
+
+
+def merged(paths: List[str]) -> Dict[str, Any]:
+    """The sweeps saved at paths as one: every run, ordered by size
+    (llama8b last); a part measured elsewhere is refused by name."""
+    if not paths:
+        raise SystemExit("ipc_sweep.py: --merge needs the ipc_sync.json "
+                         "files of the parts to join")
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        if not isinstance(part, dict) or not isinstance(
+                part.get("runs"), list):
+            raise SystemExit(f"ipc_sweep.py: {path} is not a sweep's "
+                             f"ipc_sync.json (no list of runs)")
+        parts.append((path, part))
+    keys = ("gpu", "torch")
+    first_path, first = parts[0]
+    want = {k: first.get("machine", {}).get(k) for k in keys}
+    for path, part in parts[1:]:
+        got = {k: part.get("machine", {}).get(k) for k in keys}
+        if got != want:
+            raise SystemExit(f"ipc_sweep.py: {path} was measured on {got}, "
+                             f"{first_path} on {want}: one table holds "
+                             f"one machine's figures")
+    runs = [r for _, part in parts for r in part["runs"]]
+    runs.sort(key=lambda r: (r["model"] == "llama8b", r["gib"]))
+    return {"machine": first.get("machine", {}), "runs": runs,
+            "parts": paths}
+
+
 def main() -> None:
     out = out_dir_arg()
+    if "--merge" in sys.argv:
+        write(merged(sys.argv[sys.argv.index("--merge") + 1:]), out)
+        return
     runs: List[Dict[str, Any]] = []
     common = ["--out", out, "--warm", option("--warm", "5")]
     for flag in ("--only", "--channel", "--engine-sees"):
@@ -84,13 +137,7 @@ def main() -> None:
             print(f"failed (exit {done.returncode})", flush=True)
             continue
         runs.append(records[-1])
-    print("\n" + HEADER)
-    for r in runs:
-        print(row(r))
-    save("ipc_sync", {"machine": machine(), "runs": runs}, out)
-    if runs:
-        with open(os.path.join(out, "ipc_sync.svg"), "w") as f:
-            f.write(svg(runs))
+    write({"machine": machine(), "runs": runs}, out)
 
 
 if __name__ == "__main__":

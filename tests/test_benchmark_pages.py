@@ -84,3 +84,75 @@ def test_the_plot_script_says_how_to_use_it(argv, monkeypatch):
     with pytest.raises(SystemExit, match="Usage: python benchmarks/"
                        "plot_ipc_sync.py OUT.svg RESULT.json"):
         plot_ipc_sync.main()
+
+
+def sweep_part(tmp_path, name, runs, gpu="GPU X"):
+    path = tmp_path / name / "ipc_sync.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"machine": {"gpu": gpu, "torch": "2.11.0"},
+                                "runs": runs}))
+    return str(path)
+
+
+def sized(model, gib):
+    r = record(model)
+    r["gib"] = gib
+    r["fits_buffers"] = gib <= 2
+    r["approaches"]["transfer"]["trainer_ms"] = 5.0
+    return r
+
+
+def test_a_sweep_run_in_parts_is_merged_into_one_table_and_plot(
+        tmp_path, monkeypatch, capsys):
+    import ipc_sweep
+
+    small = sweep_part(tmp_path, "a", [sized("uniform", 2.0),
+                                       sized("uniform", 0.1)])
+    large = sweep_part(tmp_path, "b", [sized("llama8b", 15.0),
+                                       sized("uniform", 8.0)])
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["ipc_sweep.py", "--out", str(out),
+                                      "--merge", large, small])
+    ipc_sweep.main()
+    saved = json.loads((out / "ipc_sync.json").read_text())
+    assert [(r["model"], r["gib"]) for r in saved["runs"]] == [
+        ("uniform", 0.1), ("uniform", 2.0), ("uniform", 8.0),
+        ("llama8b", 15.0)]
+    assert saved["machine"]["gpu"] == "GPU X"
+    assert saved["parts"] == [large, small]
+    rows = [ln for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith("| ") and not ln.startswith("| weights")]
+    assert [ln.split(" | ")[0] for ln in rows] == [
+        "| 0.1 GiB", "| 2.0 GiB", "| 8.0 GiB", "| llama8b"]
+    assert "| 15.60 | 1.95x | 5.00 (1.25x) |" in rows[1]  # fits
+    assert "(1.25x, buffers reused)" in rows[2]
+    doc = xml.dom.minidom.parse(str(out / "ipc_sync.svg"))
+    bars = [r for r in doc.getElementsByTagName("rect")
+            if r.getAttribute("fill") != "white"]
+    assert len(bars) == 8  # direct and transfer in each of the four runs
+
+
+@pytest.mark.parametrize("bad", ["other gpu", "not a sweep", "no parts"])
+def test_a_merge_refuses_parts_that_are_not_one_sweep(tmp_path, monkeypatch,
+                                                      bad):
+    import ipc_sweep
+
+    one = sweep_part(tmp_path, "a", [sized("uniform", 1.0)])
+    if bad == "other gpu":
+        other = sweep_part(tmp_path, "b", [sized("uniform", 8.0)],
+                           gpu="GPU Y")
+        match = f"{other} was measured on .*GPU Y.*{one} on .*GPU X"
+    elif bad == "not a sweep":
+        other = str(tmp_path / "record.json")
+        (tmp_path / "record.json").write_text(json.dumps(record("uniform")))
+        match = f"{other} is not a sweep's ipc_sync.json"
+    else:
+        one = other = None
+        match = "--merge needs the ipc_sync.json files"
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["ipc_sweep.py", "--out", str(out),
+                                      "--merge"]
+                        + [p for p in (one, other) if p])
+    with pytest.raises(SystemExit, match=match):
+        ipc_sweep.main()
+    assert not out.exists()  # nothing half-written
