@@ -104,6 +104,15 @@ def merged(paths: List[str]) -> Dict[str, Any]:
             raise SystemExit(f"ipc_sweep.py: {path} was measured on {got}, "
                              f"{first_path} on {want}: one table holds "
                              f"one machine's figures")
+    seen: Dict[Any, str] = {}
+    for path, part in parts:
+        for r in part["runs"]:
+            key = (r["model"], r["gib"], r["tensors"], r.get("as_nobody"))
+            if key in seen:
+                raise SystemExit(f"ipc_sweep.py: {path} and {seen[key]} "
+                                 f"both hold the run of {r['model']} "
+                                 f"{r['gib']:g} GiB: a table holds one")
+            seen[key] = path
     runs = [r for _, part in parts for r in part["runs"]]
     runs.sort(key=lambda r: (r["model"] == "llama8b", r["gib"]))
     return {"machine": first.get("machine", {}), "runs": runs,

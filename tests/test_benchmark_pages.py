@@ -132,7 +132,8 @@ def test_a_sweep_run_in_parts_is_merged_into_one_table_and_plot(
     assert len(bars) == 8  # direct and transfer in each of the four runs
 
 
-@pytest.mark.parametrize("bad", ["other gpu", "not a sweep", "no parts"])
+@pytest.mark.parametrize("bad", ["other gpu", "not a sweep", "no parts",
+                                 "a part twice"])
 def test_a_merge_refuses_parts_that_are_not_one_sweep(tmp_path, monkeypatch,
                                                       bad):
     import ipc_sweep
@@ -146,6 +147,9 @@ def test_a_merge_refuses_parts_that_are_not_one_sweep(tmp_path, monkeypatch,
         other = str(tmp_path / "record.json")
         (tmp_path / "record.json").write_text(json.dumps(record("uniform")))
         match = f"{other} is not a sweep's ipc_sync.json"
+    elif bad == "a part twice":
+        other = one
+        match = f"{one} and {one} both hold the run of uniform 1 GiB"
     else:
         one = other = None
         match = "--merge needs the ipc_sync.json files"
