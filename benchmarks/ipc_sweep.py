@@ -98,14 +98,13 @@ def merged(paths: List[str]) -> Dict[str, Any]:
     keys = ("gpu", "torch")
     first_path, first = parts[0]
     want = {k: first.get("machine", {}).get(k) for k in keys}
-    for path, part in parts[1:]:
+    seen: Dict[Any, str] = {}
+    for path, part in parts:
         got = {k: part.get("machine", {}).get(k) for k in keys}
         if got != want:
             raise SystemExit(f"ipc_sweep.py: {path} was measured on {got}, "
                              f"{first_path} on {want}: one table holds "
                              f"one machine's figures")
-    seen: Dict[Any, str] = {}
-    for path, part in parts:
         for r in part["runs"]:
             key = (r["model"], r["gib"], r["tensors"], r.get("as_nobody"))
             if key in seen:

@@ -4,6 +4,7 @@ table rows and plot bars it holds, a failed approach as a failure, so a
 renamed key fails here rather than on the GPU machine after a long run."""
 import json
 import os
+import re
 import sys
 import xml.dom.minidom
 
@@ -142,14 +143,16 @@ def test_a_merge_refuses_parts_that_are_not_one_sweep(tmp_path, monkeypatch,
     if bad == "other gpu":
         other = sweep_part(tmp_path, "b", [sized("uniform", 8.0)],
                            gpu="GPU Y")
-        match = f"{other} was measured on .*GPU Y.*{one} on .*GPU X"
+        match = (f"{re.escape(other)} was measured on .*GPU Y.*"
+                 f"{re.escape(one)} on .*GPU X")
     elif bad == "not a sweep":
         other = str(tmp_path / "record.json")
         (tmp_path / "record.json").write_text(json.dumps(record("uniform")))
-        match = f"{other} is not a sweep's ipc_sync.json"
+        match = f"{re.escape(other)} is not a sweep's ipc_sync.json"
     elif bad == "a part twice":
         other = one
-        match = f"{one} and {one} both hold the run of uniform 1 GiB"
+        match = (f"{re.escape(one)} and {re.escape(one)} both hold the "
+                 f"run of uniform 1 GiB")
     else:
         one = other = None
         match = "--merge needs the ipc_sync.json files"
