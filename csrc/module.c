@@ -10,9 +10,11 @@
  *             neighbours, status()
  */
 #include "api/neighbours.h"
+#include "api/scoped.h"
 #include "api/status.h"
 #include "api/window.h"
 #include "api/writes.h"
+#include "driver/alloc.h"
 #include "driver/cuda.h"
 #include "state/environ.h"
 #include "state/errors.h"
@@ -304,6 +306,26 @@ after_fork(PyObject *module, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(
+    set_pools_doc,
+    "_set_pools(api, why, /)\n--\n\n"
+    "Take torch's pool routing for ipc_safe() windows of the opener's\n"
+    "scope: the tuple (begin, end, release, current_device, initialized,\n"
+    "make) that allocconf._pools.probe builds, or None when windows hold\n"
+    "process-wide; `why` says which and why (status().window_scope_reason).");
+
+static PyObject *
+set_pools(PyObject *module, PyObject *args)
+{
+    PyObject *api, *why;
+
+    if (!PyArg_ParseTuple(args, "OU:_set_pools", &api, &why) ||
+        ac_set_pools(get_state(module), api, why) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ */
 /* The CUDA driver                                                      */
 /* ------------------------------------------------------------------ */
@@ -381,6 +403,7 @@ static PyMethodDef methods[] = {
     {"_live_config", live_config, METH_O, live_config_doc},
     {"_trace", trace, METH_O, trace_doc},
     {"_after_fork", after_fork, METH_NOARGS, after_fork_doc},
+    {"_set_pools", set_pools, METH_VARARGS, set_pools_doc},
     {"_neighbour", neighbour, METH_VARARGS, neighbour_doc},
     {"_foreign_write", foreign_write, METH_VARARGS, foreign_write_doc},
     {"_internals", internals, METH_NOARGS, internals_doc},
@@ -470,7 +493,18 @@ module_exec(PyObject *m)
     }
     rc = PyModule_AddObjectRef(m, "Window", window_type);
     Py_DECREF(window_type);
+    if (rc < 0) {
+        return -1;
+    }
+    window_type = PyType_FromModuleAndSpec(m, &ac_scoped_window_spec, NULL);
+    if (window_type == NULL) {
+        return -1;
+    }
+    rc = PyModule_AddObjectRef(m, "ScopedWindow", window_type);
+    Py_DECREF(window_type);
     if (rc < 0 ||
+        PyModule_AddStringConstant(m, "POOL_MALLOC", AC_POOL_MALLOC) < 0 ||
+        PyModule_AddStringConstant(m, "POOL_FREE", AC_POOL_FREE) < 0 ||
         PyModule_AddObjectRef(m, "AllocConfError", st->error_type) < 0 ||
         PyModule_AddObjectRef(m, "AllocConfWarning", st->warning_type) < 0) {
         return -1;

@@ -54,7 +54,11 @@ def test_json_report_schema_without_a_driver():
     assert set(r["status"]) == {"applied", "reason", "expandable_segments",
                                 "config", "source", "api", "torch_imported",
                                 "window_depth", "user_config", "neighbours",
-                                "advice", "readback", "warnings"}
+                                "advice", "readback", "warnings",
+                                "window_scope", "window_scope_reason",
+                                "pool_bytes"}
+    assert r["status"]["window_scope"] == (
+        "process" if facts["cpu_only"] else "opener")
 
 
 def test_text_report_lines():

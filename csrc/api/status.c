@@ -4,6 +4,7 @@
  * under the lock from the state, so they agree with each other.
  */
 #include "api/status.h"
+#include "api/scoped.h"
 #include "state/environ.h"
 #include "state/layers.h"
 #include "torchio/torch.h"
@@ -273,7 +274,11 @@ ac_status(ac_state *st)
     {
         PyObject *src =
             st->source ? PyUnicode_FromString(st->source) : Py_NewRef(Py_None);
-        PyObject *depth = PyLong_FromSsize_t(st->n_off + st->n_on);
+        PyObject *depth =
+            PyLong_FromSsize_t(st->n_off + st->n_on + ac_routed_locked(st));
+        PyObject *scope = ac_scope_locked(st);
+        PyObject *scope_why = ac_scope_reason_locked(st);
+        PyObject *pool_bytes = ac_pool_bytes_locked(st);
         PyObject *advice = advice_locked(st);
         PyObject *keys = PyDict_Keys(st->neighbours);
         PyObject *neighbours = keys ? PyList_AsTuple(keys) : NULL;
@@ -296,8 +301,12 @@ ac_status(ac_state *st)
         values[AC_KEY_READBACK] = !st->attached ? Py_None
                                   : st->getter  ? Py_True
                                                 : Py_False;
+        values[AC_KEY_WINDOW_SCOPE] = scope;
+        values[AC_KEY_WINDOW_SCOPE_REASON] = scope_why;
+        values[AC_KEY_POOL_BYTES] = pool_bytes;
         ok = src != NULL && depth != NULL && advice != NULL &&
-             neighbours != NULL;
+             neighbours != NULL && scope != NULL && scope_why != NULL &&
+             pool_bytes != NULL;
         for (i = 0; ok && i < AC_NKEYS; i++) {
             ok = PyDict_SetItem(d, st->status_keys[i], values[i]) == 0;
         }
@@ -306,6 +315,9 @@ ac_status(ac_state *st)
         Py_XDECREF(advice);
         Py_XDECREF(keys);
         Py_XDECREF(neighbours);
+        Py_XDECREF(scope);
+        Py_XDECREF(scope_why);
+        Py_XDECREF(pool_bytes);
     }
     if (ok) {
         r = Py_NewRef(d);

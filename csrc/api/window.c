@@ -20,30 +20,6 @@
 /* Counting                                                             */
 /* ------------------------------------------------------------------ */
 
-/* The count of thread `me` in st (created), or NULL when out of
- * memory. */
-static ac_opener *
-opener_of(ac_state *st, unsigned long me)
-{
-    size_t i;
-    for (i = 0; i < st->n_openers; i++) {
-        if (st->openers[i].thread == me) {
-            return &st->openers[i];
-        }
-    }
-    if (st->n_openers == st->cap_openers) {
-        size_t cap = st->cap_openers ? 2 * st->cap_openers : 4;
-        ac_opener *p = realloc(st->openers, cap * sizeof(ac_opener));
-        if (p == NULL) {
-            return NULL;
-        }
-        st->openers = p;
-        st->cap_openers = cap;
-    }
-    st->openers[st->n_openers] = (ac_opener){me, 0, 0};
-    return &st->openers[st->n_openers++];
-}
-
 /* The count of `me` if it has a window of this kind open, else any
  * thread's that has; NULL when none has. */
 static ac_opener *
@@ -64,15 +40,6 @@ closer_of(ac_state *st, unsigned long me, int enabled)
     return any;
 }
 
-/* Drop the entry o when it counts nothing. */
-static void
-opener_tidy(ac_state *st, ac_opener *o)
-{
-    if (o->off == 0 && o->on == 0) {
-        *o = st->openers[--st->n_openers];
-    }
-}
-
 int
 ac_window(ac_state *st, int enabled, int enter)
 {
@@ -87,7 +54,7 @@ ac_window(ac_state *st, int enabled, int enter)
     if (ac_lock_read_back(st) < 0) {
         return -1;
     }
-    o = enter ? opener_of(st, me) : closer_of(st, me, enabled);
+    o = enter ? ac_opener_of(st, me) : closer_of(st, me, enabled);
     if (o == NULL) {
         ac_unlock(st);
         if (enter) {
@@ -113,7 +80,7 @@ ac_window(ac_state *st, int enabled, int enter)
             (*mine)--;
         }
     }
-    opener_tidy(st, o);
+    ac_opener_tidy(st, o);
     ac_unlock(st);
     if (exc != NULL) {
         ac_raise_refused(st, target, exc);

@@ -105,12 +105,20 @@ ac_state_clear(ac_state *st)
 void
 ac_state_free(ac_state *st)
 {
+    size_t i;
+
     ac_state_clear(st);
     ac_conf_clear(&st->user);
     ac_conf_clear(&st->foreign);
+    for (i = 0; i < st->n_openers; i++) {
+        free(st->openers[i].routes);
+    }
     free(st->openers);
     st->openers = NULL;
     st->n_openers = st->cap_openers = 0;
+    free(st->pool_slots);
+    st->pool_slots = NULL;
+    st->n_pools = st->cap_pools = 0;
 #if PY_VERSION_HEX < 0x030D0000
     if (st->mutex != NULL) {
         PyThread_free_lock(st->mutex);
@@ -233,4 +241,39 @@ ac_trace(ac_state *st, const char *msg)
     }
     ac_trace_locked(st, msg, NULL);
     ac_unlock(st);
+}
+
+/* ------------------------------------------------------------------ */
+/* The windows of each thread                                           */
+/* ------------------------------------------------------------------ */
+
+ac_opener *
+ac_opener_of(ac_state *st, unsigned long me)
+{
+    size_t i;
+    for (i = 0; i < st->n_openers; i++) {
+        if (st->openers[i].thread == me) {
+            return &st->openers[i];
+        }
+    }
+    if (st->n_openers == st->cap_openers) {
+        size_t cap = st->cap_openers ? 2 * st->cap_openers : 4;
+        ac_opener *p = realloc(st->openers, cap * sizeof(ac_opener));
+        if (p == NULL) {
+            return NULL;
+        }
+        st->openers = p;
+        st->cap_openers = cap;
+    }
+    st->openers[st->n_openers] = (ac_opener){me, 0, 0, 0, 0, NULL, 0};
+    return &st->openers[st->n_openers++];
+}
+
+void
+ac_opener_tidy(ac_state *st, ac_opener *o)
+{
+    if (o->off == 0 && o->on == 0 && o->routed == 0 && o->held == 0) {
+        free(o->routes);
+        *o = st->openers[--st->n_openers];
+    }
 }

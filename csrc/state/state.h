@@ -48,7 +48,10 @@ typedef enum {
     X(USER_CONFIG, "user_config")                                             \
     X(NEIGHBOURS, "neighbours")                                               \
     X(ADVICE, "advice")                                                       \
-    X(READBACK, "readback")
+    X(READBACK, "readback")                                                   \
+    X(WINDOW_SCOPE, "window_scope")                                           \
+    X(WINDOW_SCOPE_REASON, "window_scope_reason")                             \
+    X(POOL_BYTES, "pool_bytes")
 
 #define AC_ENUM_FIELD(name, text) AC_KEY_##name,
 enum { AC_STATUS_FIELDS(AC_ENUM_FIELD) AC_NKEYS };
@@ -79,14 +82,38 @@ enum { AC_STATUS_FIELDS(AC_ENUM_FIELD) AC_NKEYS };
                         NULL when nobody did */                               \
     X(neighbours)    /* dict: neighbour name -> why it cannot live with       \
                         expandable segments (str), made at init */            \
-    X(stepped_back)  /* str: the neighbour the default stepped back for */
+    X(stepped_back)  /* str: the neighbour the default stepped back for */    \
+    X(pool_api)      /* tuple (begin, end, release, current_device,           \
+                        initialized, make) of torch's pool routing and        \
+                        allocconf._pools.make, or NULL: ipc_safe() windows    \
+                        hold process-wide (scoped.c) */                       \
+    X(scope_why)     /* str: why windows hold process-wide, or NULL */        \
+    X(pools)         /* list: allocconf's torch.cuda.MemPool objects, by      \
+                        pool number (kept for the life of the process) */     \
+    X(pool_ids)      /* list: their ids, the tuples torch takes */
 
 /* Open windows of one thread. */
 typedef struct {
     unsigned long thread;
-    Py_ssize_t off; /* holding expandable segments off */
-    Py_ssize_t on;  /* holding them on */
+    Py_ssize_t off;    /* holding expandable segments off (process-wide) */
+    Py_ssize_t on;     /* holding them on */
+    Py_ssize_t routed; /* ipc_safe() windows routing this thread's
+                          allocations to allocconf's pools */
+    Py_ssize_t held;   /* ipc_safe() windows of the opener's scope held
+                          process-wide instead (each counted in `off`
+                          too): CUDA was not up when the first opened */
+    size_t *routes;    /* the pools routed while routed > 0 (numbers into
+                          st->pool_slots), n_routes of them */
+    size_t n_routes;
 } ac_opener;
+
+/* One of allocconf's pools: its device, and whether a thread's windows
+ * route to it now (one thread per pool: torch ends a route by the pool's
+ * id, whoever began it). */
+typedef struct {
+    int device;
+    int busy;
+} ac_pool_slot;
 
 #define AC_DECLARE_FIELD(name) PyObject *name;
 
@@ -144,6 +171,8 @@ typedef struct {
     Py_ssize_t n_on;        /* open windows holding them on */
     ac_opener *openers;     /* per thread, for fork(): n_openers of them */
     size_t n_openers, cap_openers;
+    ac_pool_slot *pool_slots; /* the pools in st->pools, n_pools of them */
+    size_t n_pools, cap_pools;
 } ac_state;
 
 #undef AC_DECLARE_FIELD
@@ -173,6 +202,14 @@ int ac_lock_renew(ac_state *st);
  * set when fn returns -1. */
 typedef int (*ac_locked_fn)(ac_state *st, void *arg, PyObject *warnings);
 PyObject *ac_with_warnings(ac_state *st, ac_locked_fn fn, void *arg);
+
+/* The windows of thread `me` (an entry made when it has none), or NULL
+ * when out of memory (no exception set).  Lock held. */
+ac_opener *ac_opener_of(ac_state *st, unsigned long me);
+
+/* Drop the entry o when it holds no window (o may then name another
+ * thread's entry: do not use it after).  Lock held. */
+void ac_opener_tidy(ac_state *st, ac_opener *o);
 
 /* Trace to stderr when ALLOCCONF_DEBUG is on: `what`, then the str `s`
  * quoted when given.  Lock held (trace_locked) or not (ac_trace). */

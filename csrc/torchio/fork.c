@@ -8,6 +8,7 @@
  */
 #include "torchio/torch.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 void
@@ -37,12 +38,22 @@ ac_after_fork_child(ac_state *st)
         Py_CLEAR(st->in_force);
         st->mask_in_force = 0;
     }
+    for (i = 0; i < st->n_pools; i++) {
+        st->pool_slots[i].busy = 0;
+    }
     for (i = 0; i < st->n_openers; i++) {
         if (st->openers[i].thread == me) {
+            size_t r;
             st->openers[kept] = st->openers[i];
             off = st->openers[kept].off;
             on = st->openers[kept].on;
+            for (r = 0; r < st->openers[kept].n_routes; r++) {
+                st->pool_slots[st->openers[kept].routes[r]].busy = 1;
+            }
             kept++;
+        }
+        else {
+            free(st->openers[i].routes); /* the pools are free again */
         }
     }
     st->n_openers = kept;

@@ -90,6 +90,31 @@ int ac_torch_reads(PyObject *torch, unsigned *reads, int *generic);
 PyObject *ac_attach(ac_state *st, PyObject *torch);
 
 /* ------------------------------------------------------------------ */
+/* allocconf's pools (pools.c)                                          */
+/* ------------------------------------------------------------------ */
+
+/* The calls into torch that route one thread's allocations to a pool,
+ * through the tuple `api` (st->pool_api, a strong reference taken under
+ * the lock).  Each runs torch's code: call it without the lock.  Each
+ * returns 0 (or what it names), or -1 with torch's exception set. */
+
+/* 1 when torch has initialised CUDA (routing needs it, and a window must
+ * not start it), 0 when not. */
+int ac_pools_cuda_up(PyObject *api);
+
+/* The device torch's allocations go to now (torch.cuda.current_device
+ * without its lazy init). */
+int ac_pools_current_device(PyObject *api);
+
+/* A new torch.cuda.MemPool of allocconf's on `device`, or NULL. */
+PyObject *ac_pools_make(PyObject *api, int device);
+
+/* Route the calling thread's allocations on `device` to the pool `id`
+ * (begin), or stop (end, then let the pool's blocks be freed again). */
+int ac_pools_begin(PyObject *api, int device, PyObject *id);
+int ac_pools_end(PyObject *api, int device, PyObject *id);
+
+/* ------------------------------------------------------------------ */
 /* fork() (fork.c)                                                      */
 /* ------------------------------------------------------------------ */
 

@@ -222,6 +222,10 @@ def render(r: Dict[str, Any]) -> str:
     add(f"expandable:   {es['on']}  ({es['reason']})")
     for advice in r["status"]["advice"]:
         add(f"ADVICE:       {advice}")
+    st = r["status"]
+    add(f"ipc_safe():   {st['window_scope']} scope ("
+        f"{st['window_scope_reason']}); pools hold "
+        f"{_mib(st['pool_bytes'])}")
     d = r["driver"]
     if d["driver"] is None:
         add(f"driver:       {d['error']}")

@@ -44,6 +44,21 @@ class Status:
             wrote or read at attach; a write made through a reference to
             torch's setter taken before allocconf attached is not seen.
             None before torch is imported.
+        window_scope: the scope ``ipc_safe()`` windows take now:
+            "opener" (what the opening thread allocates goes to
+            allocconf's pools of classic memory; nothing process-wide
+            changes) or "process" (expandable segments held off for the
+            whole process while a window is open).  Even where it says
+            "opener", a window opened while CUDA is not initialised yet
+            holds process-wide (routing needs CUDA; the window does not
+            start it).
+        window_scope_reason: why, in words (the torch version, build or
+            backend that rules the pools out).
+        pool_bytes: the bytes of device memory allocconf's pools hold,
+            on all devices: in use, or freed inside a window and kept by
+            torch in the pool for the next window (torch.cuda.empty_cache()
+            does not reach a pool in use).  0 before a window first
+            routed.
         warnings: allocconf's warnings that the warning filters would have
             raised inside the user's ``import torch`` (``-W error``); they
             went to the "allocconf" logger instead, so that the import
@@ -62,6 +77,9 @@ class Status:
     neighbours: Tuple[str, ...]
     advice: Tuple[str, ...]
     readback: Optional[bool]
+    window_scope: str
+    window_scope_reason: str
+    pool_bytes: int
     warnings: Tuple[str, ...] = ()
 
     def as_dict(self) -> Dict[str, Any]:
