@@ -1,7 +1,7 @@
 """What an ipc_safe() window costs, against the alternatives.
 
 Measured side by side in one process, interleaved round by round:
-  window    `with allocconf.ipc_safe(): pass` (enter + exit)
+  window    `with allocconf.ipc_safe(scope="process"): pass` (enter + exit)
   bare      two calls of torch's setter with the same two strings
   bare_read the same pair, each call after a read of torch's getter
             (torch 2.13+): what a window that checks what torch holds
@@ -46,14 +46,14 @@ def main() -> None:
     setter = getattr(wrapped, "__wrapped__", wrapped)
     on = allocconf.status().config
     off = allocconf.merge(on, expandable_segments=False)
-    window = allocconf.ipc_safe()
+    window = allocconf.ipc_safe(scope="process")
 
     def with_window() -> None:
         with window:
             pass
 
     def with_new_window() -> None:
-        with allocconf.ipc_safe():
+        with allocconf.ipc_safe(scope="process"):
             pass
 
     def bare_pair() -> None:

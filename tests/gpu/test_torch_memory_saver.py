@@ -115,3 +115,42 @@ def test_without_the_step_back_preload_mode_frees_nothing():
     out = run("preload", "allocconf first", {"ALLOCCONF_STEP_BACK": "0"})
     assert out["expandable"] == [True]
     assert out["freed"] < 1 * GIB, out
+
+
+NESTED = """
+import json, os
+import allocconf, torch
+from torch_memory_saver import torch_memory_saver as tms
+tms.hook_mode = "torch"
+torch.empty(1, device="cuda")
+got = {}
+with tms.region():
+    with allocconf.ipc_safe():
+        window_in_region = torch.empty(8 << 20, dtype=torch.uint8,
+                                       device="cuda")
+with allocconf.ipc_safe():
+    with tms.region():
+        region_in_window = torch.empty(8 << 20, dtype=torch.uint8,
+                                       device="cuda")
+    after_region = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+print(json.dumps({
+    "scope": allocconf.status().window_scope,
+    "window_in_region": allocconf.ipc_capable(window_in_region),
+    "region_in_window": allocconf.ipc_capable(region_in_window),
+    "after_region": allocconf.ipc_capable(after_region)}), flush=True)
+os._exit(0)  # torch_memory_saver's torch mode asserts at teardown
+"""
+
+
+def test_pool_contexts_nest_innermost_wins():
+    # A window opened inside a torch_memory_saver region (torch hook mode:
+    # its own MemPool) and a region opened inside a window: torch routes
+    # to the innermost pool context (docs/neighbours.md).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTORCH_", "ALLOCCONF_"))}
+    proc = subprocess.run([sys.executable, "-c", NESTED], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"scope": "opener", "window_in_region": True,
+                   "region_in_window": False, "after_region": True}
