@@ -40,6 +40,7 @@ typedef struct {
     CUresult (*device_get)(CUdevice *, int);
     CUresult (*device_count)(int *);
     CUresult (*ctx_retain)(CUcontext *, CUdevice);
+    CUresult (*ctx_release)(CUdevice);
     CUresult (*ctx_state)(CUdevice, unsigned int *, int *);
     CUresult (*ctx_push)(CUcontext);
     CUresult (*ctx_pop)(CUcontext *);
@@ -60,6 +61,7 @@ load_driver(void)
         "cuDeviceGet",
         "cuDeviceGetCount",
         "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxRelease",
         "cuDevicePrimaryCtxGetState",
         "cuCtxPushCurrent_v2",
         "cuCtxPopCurrent_v2",
@@ -69,9 +71,9 @@ load_driver(void)
     void **slots[] = {
         (void **)&the_driver.init,         (void **)&the_driver.device_get,
         (void **)&the_driver.device_count, (void **)&the_driver.ctx_retain,
-        (void **)&the_driver.ctx_state,    (void **)&the_driver.ctx_push,
-        (void **)&the_driver.ctx_pop,      (void **)&the_driver.mem_alloc,
-        (void **)&the_driver.mem_free,
+        (void **)&the_driver.ctx_release,  (void **)&the_driver.ctx_state,
+        (void **)&the_driver.ctx_push,     (void **)&the_driver.ctx_pop,
+        (void **)&the_driver.mem_alloc,    (void **)&the_driver.mem_free,
     };
     size_t i;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -101,27 +103,30 @@ driver(void)
     return &the_driver;
 }
 
-/* Make the primary context of `device` current; 0, or -1. */
+/* Make the primary context of `device` current, held for the call (the
+ * device's number in *dev for leave_device); 0, or -1. */
 static int
-enter_device(const pool_driver *d, int device)
+enter_device(const pool_driver *d, int device, CUdevice *dev)
 {
-    CUdevice dev;
     CUcontext ctx = NULL;
 
-    if (d->init(0) != 0 || d->device_get(&dev, device) != 0 ||
-        d->ctx_retain(&ctx, dev) != 0) {
+    if (d->init(0) != 0 || d->device_get(dev, device) != 0 ||
+        d->ctx_retain(&ctx, *dev) != 0) {
         return -1;
     }
-    /* The retain is kept: torch holds the same context for the life of
-     * the process, and a pool's memory must outlive any one call. */
-    return d->ctx_push(ctx) == 0 ? 0 : -1;
+    if (d->ctx_push(ctx) != 0) {
+        (void)d->ctx_release(*dev);
+        return -1;
+    }
+    return 0;
 }
 
 static void
-leave_device(const pool_driver *d)
+leave_device(const pool_driver *d, CUdevice dev)
 {
     CUcontext ctx;
     (void)d->ctx_pop(&ctx);
+    (void)d->ctx_release(dev);
 }
 
 static int
@@ -135,14 +140,15 @@ allocconf_pool_malloc(size_t size, int device, void *stream)
 {
     const pool_driver *d = driver();
     CUdeviceptr ptr = 0;
+    CUdevice dev;
     CUresult r;
 
     (void)stream;
-    if (d == NULL || size == 0 || enter_device(d, device) < 0) {
+    if (d == NULL || size == 0 || enter_device(d, device, &dev) < 0) {
         return NULL;
     }
     r = d->mem_alloc(&ptr, size);
-    leave_device(d);
+    leave_device(d, dev);
     if (r != 0) {
         return NULL;
     }
@@ -156,15 +162,16 @@ AC_EXPORT void
 allocconf_pool_free(void *ptr, size_t size, int device, void *stream)
 {
     const pool_driver *d = driver();
+    CUdevice dev;
 
     (void)stream;
-    if (d == NULL || ptr == NULL || enter_device(d, device) < 0) {
+    if (d == NULL || ptr == NULL || enter_device(d, device, &dev) < 0) {
         return;
     }
     if (d->mem_free((CUdeviceptr)(uintptr_t)ptr) == 0 && counted(device)) {
         atomic_fetch_sub(&held_bytes[device], size);
     }
-    leave_device(d);
+    leave_device(d, dev);
 }
 
 size_t
@@ -180,11 +187,6 @@ cu_active_devices(void)
     unsigned long long mask = 0;
     int n = 0, i;
 
-    /* Only a driver already loaded and initialised is asked: this never
-     * makes CUDA start. */
-    if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) == NULL) {
-        return 0;
-    }
     d = driver();
     if (d == NULL || d->device_count(&n) != 0) {
         return 0;

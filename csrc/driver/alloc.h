@@ -42,8 +42,9 @@ size_t cu_pool_bytes(int device);
 
 /* The devices whose primary context is active (torch has used them), as
  * a bit mask of the first AC_MAX_DEVICES, asked of the driver without
- * making a context or calling cuInit: 0 when the driver is not loaded
- * or not initialised yet.  Never sets an exception. */
+ * making a context: 0 when there is no driver or it is not initialised.
+ * Ask only once CUDA is up (the driver is loaded then).  Never sets an
+ * exception. */
 unsigned long long cu_active_devices(void);
 
 #endif /* ALLOCCONF_ALLOC_H */
