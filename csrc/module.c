@@ -493,15 +493,6 @@ module_exec(PyObject *m)
     }
     rc = PyModule_AddObjectRef(m, "Window", window_type);
     Py_DECREF(window_type);
-    if (rc < 0) {
-        return -1;
-    }
-    window_type = PyType_FromModuleAndSpec(m, &ac_scoped_window_spec, NULL);
-    if (window_type == NULL) {
-        return -1;
-    }
-    rc = PyModule_AddObjectRef(m, "ScopedWindow", window_type);
-    Py_DECREF(window_type);
     if (rc < 0 ||
         PyModule_AddStringConstant(m, "POOL_MALLOC", AC_POOL_MALLOC) < 0 ||
         PyModule_AddStringConstant(m, "POOL_FREE", AC_POOL_FREE) < 0 ||

@@ -8,9 +8,6 @@
 
 #include "state/state.h"
 
-/* The spec of allocconf._C.ScopedWindow, made a type at module exec. */
-extern PyType_Spec ac_scoped_window_spec;
-
 /* Open (enter=1) or close (enter=0) a window of the opener's scope.
  * Where it cannot route (no pools, CUDA not up yet) it holds expandable
  * segments off process-wide instead, as ac_window(st, 0, ...) does.

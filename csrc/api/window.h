@@ -1,13 +1,15 @@
 /*
- * window.h -- the Window type behind allocconf.expandable_segments() and
- * ipc_safe(), and the count of open windows.
+ * window.h -- process-wide windows and their counts (window.c), and the
+ * Window type behind allocconf.expandable_segments() and ipc_safe()
+ * (window_type.c), which opens windows of either scope.
  */
 #ifndef ALLOCCONF_WINDOW_H
 #define ALLOCCONF_WINDOW_H
 
 #include "state/state.h"
 
-/* The spec of allocconf._C.Window, made a type at module exec. */
+/* The spec of allocconf._C.Window, made a type at module exec
+ * (window_type.c). */
 extern PyType_Spec ac_window_spec;
 
 /* Open (enter=1) or close (enter=0) a window holding expandable segments

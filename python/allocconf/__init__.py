@@ -197,7 +197,7 @@ class expandable_segments(_Decorates, _C.Window):
         return f"allocconf.expandable_segments({self.enabled})"
 
 
-class _OpenerWindow(_Decorates, _C.ScopedWindow):
+class _OpenerWindow(_Decorates, _C.Window):
     """``ipc_safe()``: what the opener allocates inside goes to
     allocconf's pools of classic memory (see :func:`ipc_safe`)."""
 
@@ -288,7 +288,7 @@ class _NoWindow:
 
 _NO_WINDOW = _NoWindow()
 _IPC_SAFE = expandable_segments(False)
-_OPENER = _OpenerWindow()
+_OPENER = _OpenerWindow(False, opener=True)
 _SCOPES: Dict[str, Union[_OpenerWindow, expandable_segments]] = {
     "opener": _OPENER, "process": _IPC_SAFE}
 
