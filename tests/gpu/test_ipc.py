@@ -11,19 +11,12 @@ pytestmark = pytest.mark.gpu
 def test_torch_multiprocessing_spawn_child_reads_exact_values():
     out = run_json("""
         import allocconf, torch
-        import torch.multiprocessing as mp
-        from helpers.gpu import expandable, mp_check_arange
+        from helpers.gpu import arange_seen_by_spawned_child, expandable
 
-        ctx = mp.get_context("spawn")
         with allocconf.ipc_safe():
             t = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-        q, done = ctx.Queue(), ctx.Queue()
-        p = ctx.Process(target=mp_check_arange, args=(q, done))
-        p.start()
-        q.put(t)
-        same = done.get(timeout=120)
-        p.join(timeout=120)
-        print(json.dumps({"same": same, "exitcode": p.exitcode,
+        same, exitcode = arange_seen_by_spawned_child(t)
+        print(json.dumps({"same": same, "exitcode": exitcode,
                           "expandable": expandable(t),
                           "ipc_capable": allocconf.ipc_capable(t)}))
     """, timeout=300)

@@ -182,24 +182,18 @@ def test_classic_ipc_as_nobody_non_dumpable():
         os.setuid(65534)
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
         import allocconf, torch
-        import torch.multiprocessing as mp
-        from helpers.gpu import expandable, mp_check_arange
+        from helpers.gpu import arange_seen_by_spawned_child, expandable
         torch.empty(1, device="cuda")
-        ctx = mp.get_context("spawn")
         with allocconf.ipc_safe():
             t = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-        q, done = ctx.Queue(), ctx.Queue()
-        p = ctx.Process(target=mp_check_arange, args=(q, done))
-        p.start()
-        q.put(t)
-        same = done.get(timeout=120)
-        p.join(timeout=120)
-        print(json.dumps({"same": same, "exitcode": p.exitcode,
+        same, exitcode = arange_seen_by_spawned_child(t)
+        print(json.dumps({"same": same, "exitcode": exitcode,
                           "expandable": expandable(t),
+                          "scope": allocconf.status().window_scope,
                           "uid": os.getuid()}))
     """, timeout=300)
     assert out == {"same": True, "exitcode": 0, "expandable": False,
-                   "uid": 65534}
+                   "scope": "opener", "uid": 65534}
 
 
 def test_cuda_graph_capture_inside_a_window():

@@ -70,6 +70,22 @@ def mp_check_arange(q, done):
     del t
 
 
+def arange_seen_by_spawned_child(t):
+    """Send tensor t (arange(n) in float32) to a child started with
+    torch.multiprocessing's spawn method; return (whether the child read
+    exactly arange(n), the child's exit code)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=mp_check_arange, args=(q, done))
+    p.start()
+    q.put(t)
+    same = done.get(timeout=120)
+    p.join(timeout=120)
+    return same, p.exitcode
+
+
 def mp_copy_to_device_and_hash(q, done, device):
     """torch.multiprocessing child: receive a CUDA tensor, copy it onto
     `device`, answer the SHA-256 of its bytes."""
