@@ -178,11 +178,12 @@ def test_classic_ipc_as_nobody_non_dumpable():
     # classic memory can.
     out = run_json("""
         import ctypes, os
+        import allocconf, torch
+        from helpers.gpu import arange_seen_by_spawned_child, expandable
+        os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
-        import allocconf, torch
-        from helpers.gpu import arange_seen_by_spawned_child, expandable
         torch.empty(1, device="cuda")
         with allocconf.ipc_safe():
             t = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
