@@ -493,3 +493,38 @@ def test_the_map_announced_again_is_opened_once():
     assert r.complete and e.matches(hf)
     opens = [x for x in link.log if x[:2] == ("trainer", "open")]
     assert len(opens) == len(link.targets.map.storages)  # the first time
+
+
+def test_a_column_shard_target_is_refused_with_the_way_out_not_a_copy():
+    # t.contiguous() of a column shard is a copy: the trainer would write
+    # into it and the engine would never read it, while the sync reported
+    # complete.  The refusal must not suggest it.
+    w = torch.zeros(4, 6)
+    with pytest.raises(ValueError) as info:
+        Targets({"w_cols": w[:, :3]}, device=HostDevice())
+    text = str(info.value)
+    assert text.startswith("allocconf.transfer: 'w_cols' is not contiguous")
+    assert "pass t.contiguous()" not in text
+    assert "engine's own memory" in text and "column shard" in text
+    assert "bucketed mode" in text
+    # The trainer's own tensors may be copied: there the hint stays.
+    link = Link({"w": torch.zeros(3, 2)})
+    r, got = link.sync({"w": torch.ones(2, 3).t()})
+    assert isinstance(got, ValueError) and "pass t.contiguous()" in str(got)
+    assert not r.complete
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_writer_sync_takes_tensors_then_channel_and_refuses_others_at_once(
+        swap):
+    writer = Writer(device=HostDevice(), timeout=30)
+    channel = Channel(queue.Queue(), queue.Queue())
+    src = {"w": torch.ones(3)}
+    args, name = (((channel, src), "tensors") if swap
+                  else ((src, queue.Queue()), "channel"))
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match=f"allocconf.transfer: {name} must "
+                                        f"be .*, got (Channel|Queue)"):
+        writer.sync(*args)
+    assert time.monotonic() - t0 < 5  # not after the 30 s timeout
+    assert channel.outbox.empty() and writer.syncs == 0

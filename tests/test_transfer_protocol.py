@@ -631,3 +631,51 @@ def test_kept_copies_are_captured_once_and_replayed(refuse):
     run(sender, receiver, src)
     assert torch.equal(dst["w0"], torch.full_like(dst["w0"], 7.0))
     assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+# -- what a sync counts, and arguments refused at once ----------------------------
+
+@pytest.mark.parametrize("how", ["into", "bound", "load_weights"])
+def test_sync_result_counts_tensors_not_pieces(how):
+    # One tensor over three buckets is one tensor; a tied name counts as
+    # the tensor it names (load_weights gets it under both names).
+    sender, receiver, _ = pair(1024, buffers=3)
+    big = torch.randn(600)  # 2400 bytes: three pieces of a 1 KiB buffer
+    src = {"big": big, "small": torch.randn(5), "tied": big}
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    got = []
+    trainer, engine = channels()
+    kw = {"into": dst} if how == "into" else {}
+    if how == "bound":
+        receiver.bind(dst)
+    if how == "load_weights":
+        kw = {"load_weights": lambda batch: got.extend(n for n, _ in batch)}
+    th = threading.Thread(target=lambda: got.append(
+        receiver.serve(engine, timeout=10, **kw)))
+    th.start()
+    buckets = sender.sync(src, trainer, timeout=10)
+    th.join(20)
+    result = got.pop()
+    assert result.complete and result.buckets == buckets == 3
+    assert result.tensors == 3
+    if how == "load_weights":
+        assert sorted(got) == ["big", "small", "tied"]
+    else:
+        assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_sender_sync_refuses_a_wrong_type_argument_at_once_by_name(swap):
+    sender, _, _ = pair(1024)
+    trainer, _ = channels()
+    src = weights(n=2)
+    args, name = (((trainer, src), "tensors") if swap
+                  else ((src, queue.Queue()), "channel"))
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match=f"{name} must be"):
+        sender.sync(*args, timeout=30)
+    assert time.monotonic() - t0 < 5  # not after the 30 s timeout
+    assert sender.pending == 0 and trainer.outbox.empty()
+    # a model's tensor alone is not a state dict either
+    with pytest.raises(TypeError, match="tensors must be .* got Tensor"):
+        sender.sync(src["w0"], trainer)

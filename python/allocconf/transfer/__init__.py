@@ -37,7 +37,7 @@ goes over a channel), ``_tensors`` (dtypes, bytes, the check of what is
 given), ``_layout`` (buckets and plans), ``_copies`` (the copy programs),
 ``_device`` (the device interface and CUDA), ``_replay`` (the replay
 check), ``_channel`` (channels and pipes), then ``_sender``,
-``_receiver``, ``_targets`` and ``_writer``.
+``_receiver``, ``_targets``, ``_writer`` and ``testing``.
 """
 from allocconf.transfer._channel import Channel
 from allocconf.transfer._errors import TransferError

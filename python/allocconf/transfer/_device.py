@@ -182,6 +182,10 @@ class Cuda:
         return replay
 
 
+def _cuda_is_a_device(cuda: Cuda) -> Device:
+    return cuda  # mypy --strict checks that Cuda implements Device
+
+
 def device_of(device: Union[int, Device, None]) -> Device:
     """The device a Sender, Receiver, Targets or Writer runs on: a CUDA
     device by index (the current one for None), or a :class:`Device`
