@@ -1,4 +1,4 @@
-"""How late a weight-sync message arrives, by channel: a Message-shaped
+"""How late a weight-sync message arrives, by channel: a Bucket-shaped
 object put on an allocconf.transfer Channel by the trainer, which then
 goes on working for `--busy` microseconds (as Sender.sync does after
 putting a bucket: it packs the next), and taken by a spawned peer that
@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402  (torch's reductions)
 
-from allocconf.transfer import Channel, Message  # noqa: E402
+from allocconf.transfer import Bucket, Channel  # noqa: E402
 from common import machine, median, option, out_dir_arg, save  # noqa: E402
 
 COUNT = int(option("--count", "200"))
@@ -75,8 +75,8 @@ def measure(kind: str, busy_s: float, work: str) -> List[float]:
     theirs.close()  # pipes: the parent holds no copy of the peer's end
     assert mine.get(120) == "ready"
     a, b = torch.zeros(16), torch.ones(16)
-    msg = Message("s" * 32, 1, 0, 0, True, ("rebuild", tuple(range(12))),
-                  b"e" * 64, "GPU-uuid", "p" * 32)
+    msg = Bucket("s" * 32, 1, 0, 0, True, ("rebuild", tuple(range(12))),
+                 b"e" * 64, "GPU-uuid", "p" * 32)
     for _ in range(WARM + COUNT):
         mine.put((time.perf_counter(), msg))
         busy(busy_s, work, a, b)
@@ -89,7 +89,7 @@ def measure(kind: str, busy_s: float, work: str) -> List[float]:
 
 def main() -> None:
     results: Dict[str, Any] = {}
-    print(f"one-way latency of a Message-shaped object, median of {COUNT}, "
+    print(f"one-way latency of a Bucket-shaped object, median of {COUNT}, "
           f"the putter busy in Python after the put:", flush=True)
     for work in ("python", "torch"):
         for b in BUSY_US:

@@ -215,7 +215,7 @@ def receiver(shapes: List[Any], channel: Any, device: int,
         if ENGINE_SEES == "event":
             # The trainer's event, which accept() opened (the only event
             # the engine opens) and queued its stream's wait on.
-            for ev in targets._ops._events.values():
+            for ev in targets._device._events.values():
                 ev.synchronize()  # the copies into the weights done
         else:
             torch.cuda.synchronize(dev)
@@ -321,7 +321,7 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
             state["writer"] = Writer(timeout=600)
             state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
         # No command: the engine's offer is waiting (receiver's idle()).
-        state["writer"].sync(channel, state["named"])
+        state["writer"].sync(state["named"], channel)
         torch.cuda.current_stream().synchronize()
         state["trainer"] = time.perf_counter()
     else:

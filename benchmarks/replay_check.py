@@ -1,4 +1,5 @@
-"""What the replay check of allocconf.transfer costs (`_Sources.still`,
+"""What the replay check of allocconf.transfer costs (`Sources.still` in
+python/allocconf/transfer/_replay.py,
 docs/design.md "Replay"): the check a state dict sent again passes
 before its kept copies are announced, in the bucketed and the one-copy
 mode alike, and each of its steps alone, for N tensors of a model's
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import interleaved, machine, option, out_dir_arg, save  # noqa: E402
 
-from allocconf import transfer as T  # noqa: E402
+from allocconf.transfer import _replay as R  # noqa: E402
 
 
 def main() -> None:
@@ -32,10 +33,10 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ts = {f"model.layers.{i // 8}.w{i % 8}": torch.empty(
         256, 64, dtype=torch.bfloat16, device=device) for i in range(n)}
-    src = T._Sources({})
+    src = R.Sources({})
     for name, t in ts.items():
         src.add(name, t)
-    exact = T._Sources({})
+    exact = R.Sources({})
     for name, t in ts.items():
         exact.add(name, t)
     assert src.still(ts) and src._guard is not None  # guarded from now on
@@ -44,8 +45,8 @@ def main() -> None:
     guard = src._guard
 
     def ptrs() -> None:
-        if T._PTRS_EQUAL is not None:
-            assert T._PTRS_EQUAL(tensors, src.ptrs, indices)
+        if R.PTRS_EQUAL is not None:
+            assert R.PTRS_EQUAL(tensors, src.ptrs, indices)
         else:
             assert list(map(torch.Tensor.data_ptr, tensors)) == src.ptrs
 
@@ -61,14 +62,14 @@ def main() -> None:
             and all(map(operator.is_, ts.values(), tensors))) or 1 / 0,
         "addresses": ptrs,
         "dtypes, shapes, strides, one call each": lambda: (
-            list(map(T._DTYPE, tensors)) == src.dtypes
-            and list(map(T._SHAPE, tensors)) == src.shapes
-            and list(map(T._STRIDE, tensors)) == src.strides) or 1 / 0,
+            list(map(R.DTYPE, tensors)) == src.dtypes
+            and list(map(R.SHAPE, tensors)) == src.shapes
+            and list(map(R.STRIDE, tensors)) == src.strides) or 1 / 0,
         "TensorGuards.check": lambda: guard.check(*tensors) or 1 / 0,
     }
     got = interleaved(cases, 50, 21)
     how = ("torch._C._tensors_data_ptrs_at_indices_equal"
-           if T._PTRS_EQUAL is not None else "data_ptr() each")
+           if R.PTRS_EQUAL is not None else "data_ptr() each")
     print(f"{n} tensors on {device}; addresses by {how}")
     for k, s in got.items():
         print(f"  {k:42s} {s * 1e6:8.1f} us")

@@ -7,9 +7,10 @@ transfer_host_cost_{trainer,engine}_{gib}.json.
 
 The timers add about a microsecond per call; the channel's get includes
 the wait for the peer, so it tells no cost of its own.  First it prints
-the round trip of a tuple shaped like a Message (its fields' types and
-sizes) to a spawned echo process and back, over two multiprocessing
-queues and over a pipe: the floor of a hand-over.
+the round trip of a real Bucket message (of a warm sync, the plan known,
+made on the CPU by allocconf.transfer.testing) to a spawned echo process
+and back, over two multiprocessing queues and over a pipe: the floor of
+a hand-over.  That part runs without a GPU (``--round-trips``).
 
 With APPROACH one-copy the one-copy mode is timed instead (Writer and
 Targets), and the device time of each replay of its copies and of each
@@ -19,6 +20,7 @@ mode it ends with the timeline of a warm sync: when each timed step
 began and ended on both sides, and when the trainer's copies ran.
 
 Usage: python benchmarks/transfer_host_cost.py [GIB [APPROACH]]
+       python benchmarks/transfer_host_cost.py --round-trips
        (OUT: $OUT, else .)
 """
 from __future__ import annotations
@@ -32,6 +34,9 @@ import time
 from typing import Any, Callable, DefaultDict, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROUND_TRIPS_ONLY = sys.argv[1:2] == ["--round-trips"]
+if ROUND_TRIPS_ONLY:
+    sys.argv = sys.argv[:1]
 if sys.argv[1:2] != ["--gib"]:  # a spawned engine inherits the argv set here
     sys.argv = ["ipc_sync.py", "--gib",
                 sys.argv[1] if len(sys.argv) > 1 else "0.1",
@@ -43,6 +48,7 @@ sys.path.insert(0, HERE)
 
 import ipc_sync  # noqa: E402
 from allocconf import transfer as T  # noqa: E402
+from allocconf.transfer import _copies, _device, _replay, _writer  # noqa: E402
 
 TIMES: DefaultDict[str, List[float]] = collections.defaultdict(list)
 # (what, entered, left) of every timed call, perf_counter
@@ -88,17 +94,16 @@ def instrument() -> None:
     for n in ("get", "put"):
         timed(T.Channel, n)
     for n in ("fits", "still"):  # the replay check, both modes
-        timed(T._Sources, n)
+        timed(_replay.Sources, n)
     for n in ("wait", "record"):  # both write on the current stream
-        timed(T._Cuda, n)
+        timed(_device.Cuda, n)
     if APPROACH == "one-copy":
         for n in ("write", "_write_all", "sync"):
             timed(T.Writer, n)
         for n in ("offer", "check", "accept", "serve"):
             timed(T.Targets, n)
-        from allocconf import _onecopy
-        timed(_onecopy._Copies, "run")
-        device_timed(_onecopy._Copies, "run")
+        timed(_writer._Copies, "run")
+        device_timed(_writer._Copies, "run")
         device_timed(T.Writer, "write")  # its wait on the engine's event too
         import torch
         timed(torch.cuda, "synchronize", "torch.cuda.synchronize")
@@ -108,10 +113,10 @@ def instrument() -> None:
         timed(T.Receiver, n)
     for n in ("_pack", "_message", "_take", "acknowledge", "drain", "sync"):
         timed(T.Sender, n)
-    timed(T._Program, "run")
-    timed(T._Lanes, "run")
-    device_timed(T._Program, "run")
-    device_timed(T._Lanes, "run")
+    timed(_copies.Program, "run")
+    timed(_copies.Lanes, "run")
+    device_timed(_copies.Program, "run")
+    device_timed(_copies.Lanes, "run")
 
 
 def report(who: str) -> None:
@@ -173,11 +178,48 @@ def median_round_trip(put: Callable[[Any], None], get: Callable[[], Any],
     return statistics.median(ts)
 
 
+def bucket() -> Any:
+    """A Bucket of a warm sync (the receiver knows the plan), made on the
+    CPU; its handle replaced by one shaped like CUDA's (reduce_tensor's:
+    a function and 12 arguments)."""
+    import torch
+
+    from allocconf.transfer.testing import HostDevice
+    sender = T.Sender(1 << 16, device=HostDevice())
+    receiver = T.Receiver(device=HostDevice())
+    src = {f"w{i}": torch.zeros(64) for i in range(8)}
+    for _ in range(2):
+        receiver.bind({k: torch.zeros_like(v) for k, v in src.items()})
+        sender.sync(src, T.Channel(_Answer(receiver), _Acks()))
+    (msg,) = list(sender.send(src))
+    sender.close()
+    return msg._replace(handle=(print, tuple(range(12))))
+
+
+class _Acks:
+    """The trainer's inbox of bucket() (what _Answer put)."""
+    acks: List[Any] = []
+
+    def get(self, timeout: Any = None) -> Any:
+        return self.acks.pop(0)
+
+
+class _Answer:
+    """The trainer's outbox of bucket(): the receiver answers at once."""
+
+    def __init__(self, receiver: Any) -> None:
+        self.receiver = receiver
+
+    def put(self, msg: Any) -> None:
+        _Acks.acks.append(self.receiver.load(msg))
+
+
 def round_trips() -> None:
     import multiprocessing as mp
+    import pickle
     ctx = mp.get_context("spawn")
-    msg = ("m", "a" * 32, 3, 0, 0, True, (print, tuple(range(12))),
-           b"x" * 64, "GPU-uuid", "p" * 32, None, "bucket")
+    msg = bucket()
+    print(f"a Bucket: {len(pickle.dumps(msg))} bytes pickled")
     a, b = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=echo_queues, args=(a, b))
     p.start()
@@ -258,6 +300,8 @@ def timeline() -> None:
 
 if __name__ == "__main__":
     round_trips()
+    if ROUND_TRIPS_ONLY:
+        sys.exit(0)
     instrument()
     ipc_sync.receiver = engine  # what ipc_sync.run() spawns
     ipc_sync.one_sync = sync_started(ipc_sync.one_sync)

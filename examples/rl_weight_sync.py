@@ -106,7 +106,7 @@ def main() -> int:
         weights = {n: p.detach() for n, p in model.named_parameters()}
         channel.put("sync")
         if writer is not None:  # the worker offers, the trainer writes
-            writer.sync(channel, weights)
+            writer.sync(weights, channel)
         else:
             assert sender is not None
             sender.sync(weights, channel)

@@ -199,3 +199,31 @@ def test_csrc_calls_go_down_the_layers_and_never_round_a_circle(tmp_path):
     # The grammar calls nothing of the rest: the fuzzer links it alone.
     assert all(_layer(b) == 1 for a, callees in calls.items()
                if a.startswith("grammar/") for b in callees)
+
+
+# The modules of python/allocconf/transfer/, lowest first (the package's
+# docstring): each imports only modules listed before it, so no two
+# import each other; and each is read in one sitting.
+TRANSFER = ["_errors", "_messages", "_tensors", "_layout", "_copies",
+            "_device", "_replay", "_channel", "_sender", "_receiver",
+            "_targets", "_writer", "testing", "__init__"]
+
+
+def test_the_transfer_modules_import_only_those_below_them():
+    import ast
+
+    folder = os.path.join(os.path.dirname(allocconf.__file__), "transfer")
+    found = sorted(f[:-3] for f in os.listdir(folder) if f.endswith(".py"))
+    assert found == sorted(TRANSFER), "place a new module in TRANSFER"
+    for rank, name in enumerate(TRANSFER):
+        with open(os.path.join(folder, name + ".py")) as f:
+            text = f.read()
+        assert len(text.splitlines()) <= 520, name
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            parts = node.module.split(".")
+            if parts[:2] != ["allocconf", "transfer"]:
+                continue
+            used = parts[2] if len(parts) > 2 else "__init__"
+            assert used in TRANSFER[:rank], (name, node.module)

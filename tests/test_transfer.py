@@ -1,5 +1,5 @@
 """allocconf.transfer without a GPU: the layout, the packing and loading
-with CPU buffers in one process (tests/helpers/transfer_host.py stands in for
+with CPU buffers in one process (allocconf.transfer.testing stands in for
 CUDA IPC and its events), the acknowledgement protocol, messages that
 pickle, and clear errors.  tests/gpu/test_transfer.py runs sender and
 receiver in two processes on a GPU."""
@@ -13,8 +13,9 @@ torch_facts()  # skips this module without torch
 import torch  # noqa: E402
 
 from allocconf import transfer  # noqa: E402
+from allocconf.transfer import _copies, _replay, _sender  # noqa: E402
 from allocconf.transfer import ALIGN, Ack, Receiver, Sender, plan  # noqa: E402
-from helpers.transfer_host import HostOps  # noqa: E402
+from allocconf.transfer.testing import HostDevice  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float32, torch.int8, torch.bool,
           torch.float64, torch.int64, torch.float16, torch.uint8]
@@ -45,8 +46,8 @@ def same_bits(a, b):
 
 def pair(capacity=4096, buffers=2):
     log = []
-    return (Sender(capacity, buffers, _ops=HostOps(log)),
-            Receiver(_ops=HostOps(log)), log)
+    return (Sender(capacity, buffers, device=HostDevice(log=log)),
+            Receiver(device=HostDevice(log=log)), log)
 
 
 def sync(sender, receiver, src, dst):
@@ -111,7 +112,7 @@ def route(request, monkeypatch):
     torch.cat / split_with_sizes_copy per run), and every piece in the
     bucket's one _foreach_copy_ of the widest integers that tile it."""
     if request.param == "foreach":
-        monkeypatch.setattr(transfer._Program, "RUNS", False)
+        monkeypatch.setattr(_copies.Program, "RUNS", False)
     return request.param
 
 
@@ -181,12 +182,12 @@ def test_the_receivers_bound_copies_run_in_its_branches(branches):
     # mode's; the sync lands whole either way.
     class Rx(Receiver):
         BRANCHES = branches
-    big = transfer._Lanes.SMALL // 4  # float32 elements of SMALL bytes
+    big = _copies.Lanes.SMALL // 4  # float32 elements of SMALL bytes
     src = {f"w{i}": torch.full((big,), float(i)) for i in range(5)}
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
     log = []
-    sender = Sender(8 * transfer._Lanes.SMALL, 1, _ops=HostOps(log))
-    receiver = Rx(_ops=HostOps(log))
+    sender = Sender(8 * _copies.Lanes.SMALL, 1, device=HostDevice(log=log))
+    receiver = Rx(device=HostDevice(log=log))
     receiver.bind(dst)
     sync(sender, receiver, src, None)
     assert all(same_bits(src[k], dst[k]) for k in src)
@@ -218,8 +219,8 @@ def test_a_repeated_sync_reuses_its_copies_and_checks_no_tensor(
     made = programs(sender, receiver)
     assert made[0] and made[1]
     checked = []
-    real = transfer._check
-    monkeypatch.setattr(transfer, "_check",
+    real = _sender.check_tensor
+    monkeypatch.setattr(_sender, "check_tensor",
                         lambda *a: checked.append(a[0]) or real(*a))
     for step in range(3):  # the optimizer's step: new values, in place
         for k, v in tensors(seed=step + 1).items():
@@ -294,7 +295,7 @@ def test_a_state_dict_changed_in_place_is_never_replayed_stale(
     for _ in range(1 + replays):
         sync(sender, receiver, src, {k: torch.zeros_like(v)
                                      for k, v in src.items()})
-    assert (sender._replay._guard is not None) == (replays > 0)
+    assert (sender._kept._guard is not None) == (replays > 0)
     sent_as_they_are_now(sender, receiver, src, change)
 
 
@@ -321,15 +322,15 @@ def test_the_replay_check_is_one_guard_call_once_it_passed(monkeypatch):
     # too); later replays ask the guard alone.  A guard that refuses
     # (another dispatch state: inference mode) is followed by the check
     # tensor by tensor, and a new guard: still replayed, still right.
-    assert transfer._TENSOR_GUARDS is not None, "torch has no TensorGuards"
+    assert _replay.TENSOR_GUARDS is not None, "torch has no TensorGuards"
     looked = []
-    monkeypatch.setattr(transfer, "_DTYPE",
+    monkeypatch.setattr(_replay, "DTYPE",
                         lambda t: looked.append(t) or t.dtype)
     sender, receiver, _ = pair(1 << 16, buffers=1)
     src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
     sync(sender, receiver, src, dst)
-    made = sender._replay
+    made = sender._kept
     sync(sender, receiver, src, dst)
     assert len(looked) == 4 and made._guard is not None
     for step in range(3):
@@ -337,12 +338,12 @@ def test_the_replay_check_is_one_guard_call_once_it_passed(monkeypatch):
             t.add_(1.0)
         sync(sender, receiver, src, dst)
         assert all(same_bits(src[k], dst[k]) for k in src), step
-    assert len(looked) == 4 and sender._replay is made
+    assert len(looked) == 4 and sender._kept is made
     guard = made._guard
     with torch.inference_mode():
         assert guard.check(*src.values()) is False  # its dispatch state
         sync(sender, receiver, src, dst)
-    assert len(looked) == 8 and sender._replay is made
+    assert len(looked) == 8 and sender._kept is made
     assert made._guard is not guard and all(
         same_bits(src[k], dst[k]) for k in src)
 
@@ -358,7 +359,7 @@ def test_the_replay_check_through_torchs_address_check(change, monkeypatch):
     def ptrs_equal(tensors, data_ptrs, indices):
         calls.append((list(tensors), list(data_ptrs), list(indices)))
         return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
-    monkeypatch.setattr(transfer, "_PTRS_EQUAL", ptrs_equal)
+    monkeypatch.setattr(_replay, "PTRS_EQUAL", ptrs_equal)
     sender, receiver, _ = pair(1 << 16, buffers=1)
     src = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
     sync(sender, receiver, src, {k: torch.zeros_like(v)
@@ -390,11 +391,11 @@ def test_a_restarted_sender_is_not_taken_for_the_old_one():
     # The receiver caches opened buffers by the sender's id: a trainer
     # restarted in a new process must never present the same id.
     code = ("import sys; sys.path.insert(0, 'tests');"
-            "from helpers.transfer_host import HostOps;"
+            "from allocconf.transfer.testing import HostDevice;"
             "from allocconf.transfer import Sender;"
-            "import json; print(json.dumps(Sender(1024, _ops=HostOps()).id))")
+            "import json; print(json.dumps(Sender(1024, device=HostDevice()).id))")
     ids = {run_json(code) for _ in range(2)}
-    ids.add(Sender(1024, _ops=HostOps()).id)
+    ids.add(Sender(1024, device=HostDevice()).id)
     assert len(ids) == 3
 
 
@@ -477,7 +478,7 @@ def test_acks_that_do_not_match_are_refused():
     src = {"a": torch.zeros(10)}
     (msg,) = list(sender.send(src))
     ack = receiver.release(msg)
-    other = Sender(1024, _ops=HostOps())
+    other = Sender(1024, device=HostDevice())
     with pytest.raises(ValueError, match="not an Ack for this sender"):
         other.acknowledge(ack)
     with pytest.raises(ValueError, match="not an Ack"):
@@ -565,7 +566,7 @@ def test_load_checks_every_destination_before_copying():
 def test_sender_refuses_a_bad_buffer_count(buffers):
     with pytest.raises(ValueError, match=f"buffers must be an int >= 1, "
                        f"got {buffers!r}"):
-        Sender(1024, buffers, _ops=HostOps())
+        Sender(1024, buffers, device=HostDevice())
 
 
 def test_import_allocconf_does_not_import_the_transfer_or_torch():

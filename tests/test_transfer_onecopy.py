@@ -3,7 +3,7 @@ engine's target map (fused rows, tied names, refusals), the consent
 handshake (what waits for what, in order), the checks made before any
 copy, the faults (a failure part-way, a silent peer, a stale map, close),
 and the copies themselves (bit for bit, casts as Tensor.to).  The host
-stand-in (tests/helpers/transfer_host.py) makes storages CPU tensors of
+stand-in (allocconf.transfer.testing) makes storages CPU tensors of
 this process and logs each record, wait and stream step; the GPU tests
 (tests/gpu/test_onecopy_gpu.py) prove the real thing across processes."""
 import os
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from allocconf.transfer import (Channel, Offer, TargetMap,  # noqa: E402
                                 Targets, TransferError, Writer, Written)
-from helpers.transfer_host import HostOps  # noqa: E402
+from allocconf.transfer.testing import HostDevice  # noqa: E402
 
 sys.path.insert(0, EXAMPLES)
 from engine_standin import Engine, hf_weights  # noqa: E402
@@ -44,11 +44,11 @@ class Link:
     def __init__(self, targets, small=None):
         self.log = []
         self.to_trainer, self.to_engine = queue.Queue(), queue.Queue()
-        self.engine_ops = HostOps(_Tag(self.log, "engine"))
-        self.targets = Targets(targets, _ops=self.engine_ops)
+        self.engine_ops = HostDevice(log=_Tag(self.log, "engine"))
+        self.targets = Targets(targets, device=self.engine_ops)
         writer = (Writer if small is None else
                   type("SmallWriter", (Writer,), {"SMALL": small}))
-        self.writer = writer(_ops=HostOps(_Tag(self.log, "trainer")))
+        self.writer = writer(device=HostDevice(log=_Tag(self.log, "trainer")))
         self.engine_side = Channel(_Pickling(self.to_trainer),
                                    self.to_engine)
         self.trainer_side = Channel(_Pickling(self.to_engine),
@@ -61,7 +61,7 @@ class Link:
         t = threading.Thread(target=lambda: out.setdefault(
             "r", _catch(self.targets.serve, self.engine_side, timeout=10)))
         t.start()
-        w = _catch(self.writer.sync, self.trainer_side, tensors, **kw)
+        w = _catch(self.writer.sync, tensors, self.trainer_side, **kw)
         t.join(timeout=20)
         assert not t.is_alive()
         return out["r"], w
@@ -102,7 +102,7 @@ def engine(layers=2, hidden=8, vocab=16, dtype=torch.float32):
 
 def test_fused_targets_share_one_storage_each_and_the_map_pickles_small():
     e = engine()
-    targets = Targets(e.targets(), _ops=HostOps())
+    targets = Targets(e.targets(), device=HostDevice())
     m = pickle.loads(pickle.dumps(targets.map))
     assert isinstance(m, TargetMap)
     assert len(m.storages) == len(e.params)  # each parameter's storage once
@@ -120,25 +120,25 @@ def test_targets_are_refused_with_the_name_and_the_way_out():
     w = e.params["model.layers.0.mlp.down_proj.weight"]
     bad["cols"] = w[:, :3]  # columns of a parameter: not one byte range
     with pytest.raises(ValueError, match="'cols' is not contiguous"):
-        Targets(bad, _ops=HostOps())
+        Targets(bad, device=HostDevice())
     with pytest.raises(ValueError, match=r"'a'.*'b'.*overlap"):
-        Targets({"a": w[0:3], "b": w[2:5]}, _ops=HostOps())
+        Targets({"a": w[0:3], "b": w[2:5]}, device=HostDevice())
     with pytest.raises(TypeError, match="names must be str"):
-        Targets({1: w}, _ops=HostOps())
+        Targets({1: w}, device=HostDevice())
     with pytest.raises(ValueError) as info:
-        Targets(e.targets(), _ops=HostOps(capable=False))
+        Targets(e.targets(), device=HostDevice(capable=False))
     msg = str(info.value)
     assert "'model.embed_tokens.weight'" in msg
     assert "ipc_safe()" in msg and "bucketed mode" in msg
 
 
 def test_memory_torch_cannot_share_is_refused_naming_the_target():
-    class NoShare(HostOps):
+    class NoShare(HostDevice):
         def share(self, buf):
             raise RuntimeError("cudaIpcGetMemHandle: invalid argument")
 
     with pytest.raises(ValueError, match=r"'w'.*invalid argument"):
-        Targets({"w": torch.zeros(4)}, _ops=NoShare())
+        Targets({"w": torch.zeros(4)}, device=NoShare())
 
 
 # -- a sync, and what waits for what -------------------------------------------
@@ -350,7 +350,7 @@ def test_a_generator_failing_part_way_leaves_the_engine_knowing_it():
 
 
 def test_offer_twice_and_a_mismatched_answer_are_refused():
-    targets = Targets({"w": torch.zeros(3)}, _ops=HostOps())
+    targets = Targets({"w": torch.zeros(3)}, device=HostDevice())
     offer = targets.offer()
     with pytest.raises(RuntimeError, match="sync 1 was offered"):
         targets.offer()
@@ -370,17 +370,17 @@ def test_a_silent_trainer_times_out_and_the_offer_stands_until_answered():
     assert link.targets.sync == 1  # in doubt
     # The trainer answers late: the next serve offers nothing new and
     # takes that answer.
-    w = link.writer.sync(link.trainer_side, {"w": torch.ones(3)})
+    w = link.writer.sync({"w": torch.ones(3)}, link.trainer_side)
     r = link.targets.serve(link.engine_side, timeout=5)
     assert r.complete and r.sync == w.sync == 1
     assert link.to_trainer.empty()
 
 
 def test_a_silent_engine_times_out_the_trainer():
-    writer = Writer(_ops=HostOps(), timeout=0.2)
+    writer = Writer(device=HostDevice(), timeout=0.2)
     t0 = time.monotonic()
     with pytest.raises(TransferError, match="within 0.2 s"):
-        writer.sync(Channel(queue.Queue(), queue.Queue()), {})
+        writer.sync({}, Channel(queue.Queue(), queue.Queue()))
     assert time.monotonic() - t0 < 5
 
 
@@ -397,7 +397,7 @@ def test_a_reallocated_engine_refuses_to_offer_and_a_stale_map_is_not_written():
     stale = Offer(old.map.id, 9, b"ev")
     # The engine re-exports; the trainer takes the new map with the offer.
     old.close(link.engine_side)
-    link.targets = Targets(e.targets(), _ops=link.engine_ops)
+    link.targets = Targets(e.targets(), device=link.engine_ops)
     r, w = link.sync(hf)
     assert r.complete and e.matches(hf) and link.writer.map.id != old.map.id
     # An offer of the old map is refused, and nothing written through it.
@@ -412,7 +412,7 @@ def test_close_lets_the_trainer_release_its_mappings():
     assert link.writer.map is not None
     link.targets.close(link.engine_side)
     with pytest.raises(TransferError):  # nothing else comes
-        link.writer.sync(link.trainer_side, {}, timeout=0.2)
+        link.writer.sync({}, link.trainer_side, timeout=0.2)
     assert link.writer.map is None and not link.writer._views
     with pytest.raises(RuntimeError, match="closed"):
         link.targets.offer()
@@ -442,7 +442,7 @@ warnings.simplefilter("error")
 sys.path.insert(0, EXAMPLES)
 import torch
 from allocconf.transfer import Channel, Targets, Writer
-from helpers.transfer_host import HostOps
+from allocconf.transfer.testing import HostDevice
 from engine_standin import Engine, hf_weights
 
 class Name(str):
@@ -450,22 +450,22 @@ class Name(str):
         raise RuntimeError("a __str__ that raises")
 
 e = Engine(1, 8, 16)
-t = Targets(e.targets(), _ops=HostOps())
-w = Writer(_ops=HostOps())
+t = Targets(e.targets(), device=HostDevice())
+w = Writer(device=HostDevice())
 a, b = queue.Queue(), queue.Queue()
 th = threading.Thread(target=lambda: out.append(
     t.serve(Channel(a, b), timeout=10)))
 out = []
 th.start()
 hf = hf_weights(1, 8, 16)
-w.sync(Channel(b, a), hf)
+w.sync(hf, Channel(b, a))
 th.join(10)
 bad = {Name("nope"): torch.zeros(2), **hf}
 th = threading.Thread(target=lambda: out.append(
     t.serve(Channel(a, b), timeout=10)))
 th.start()
 try:
-    w.sync(Channel(b, a), bad)
+    w.sync(bad, Channel(b, a))
     err = None
 except KeyError as exc:
     err = repr(exc)
@@ -495,31 +495,36 @@ def test_the_map_announced_again_is_opened_once():
     assert len(opens) == len(link.targets.map.storages)  # the first time
 
 
-RELOADED = """
-import importlib, queue, threading
-import torch
-from allocconf import transfer
-transfer = importlib.reload(transfer)
-from helpers.transfer_host import HostOps
-t = transfer.Targets({"w": torch.zeros(3)}, _ops=HostOps())
-w = transfer.Writer(_ops=HostOps())
-a, b = queue.Queue(), queue.Queue()
-out = []
-th = threading.Thread(target=lambda: out.append(
-    t.serve(transfer.Channel(a, b), timeout=10)))
-th.start()
-w.sync(transfer.Channel(b, a), {"w": torch.ones(3)})
-th.join(10)
-try:
-    w.write({"w": torch.ones(3)}, transfer.Offer("old", 1, b""))
-    caught = None
-except transfer.TransferError as exc:
-    caught = "stale" in str(exc)
-print(json.dumps({"result": isinstance(out[0], transfer.SyncResult),
-                  "complete": out[0].complete, "caught": caught}))
-"""
+def test_a_column_shard_target_is_refused_with_the_way_out_not_a_copy():
+    # t.contiguous() of a column shard is a copy: the trainer would write
+    # into it and the engine would never read it, while the sync reported
+    # complete.  The refusal must not suggest it.
+    w = torch.zeros(4, 6)
+    with pytest.raises(ValueError) as info:
+        Targets({"w_cols": w[:, :3]}, device=HostDevice())
+    text = str(info.value)
+    assert text.startswith("allocconf.transfer: 'w_cols' is not contiguous")
+    assert "pass t.contiguous()" not in text
+    assert "engine's own memory" in text and "column shard" in text
+    assert "bucketed mode" in text
+    # The trainer's own tensors may be copied: there the hint stays.
+    link = Link({"w": torch.zeros(3, 2)})
+    r, got = link.sync({"w": torch.ones(2, 3).t()})
+    assert isinstance(got, ValueError) and "pass t.contiguous()" in str(got)
+    assert not r.complete
 
 
-def test_after_importlib_reload_its_classes_and_errors_are_the_new_ones():
-    out = run_json(RELOADED, timeout=120)
-    assert out == {"result": True, "complete": True, "caught": True}
+@pytest.mark.parametrize("swap", [True, False])
+def test_writer_sync_takes_tensors_then_channel_and_refuses_others_at_once(
+        swap):
+    writer = Writer(device=HostDevice(), timeout=30)
+    channel = Channel(queue.Queue(), queue.Queue())
+    src = {"w": torch.ones(3)}
+    args, name = (((channel, src), "tensors") if swap
+                  else ((src, queue.Queue()), "channel"))
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match=f"allocconf.transfer: {name} must "
+                                        f"be .*, got (Channel|Queue)"):
+        writer.sync(*args)
+    assert time.monotonic() - t0 < 5  # not after the 30 s timeout
+    assert channel.outbox.empty() and writer.syncs == 0

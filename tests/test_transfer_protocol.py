@@ -3,7 +3,7 @@ GPU: plans kept while the layout holds, tied weights sent once, tensors
 split across buckets reassembled, the sender's GPU found by UUID, casts,
 one call a sync over a channel, and the faults (a silent receiver, a
 receiver that cannot take a bucket, aborts, restarts, close).  The host
-stand-in (tests/helpers/transfer_host.py) logs what the CUDA path would
+stand-in (allocconf.transfer.testing) logs what the CUDA path would
 do; tests/gpu/test_transfer_gpu.py runs the real thing."""
 import os
 import pickle
@@ -22,9 +22,10 @@ torch_facts()  # skips this module without torch
 import torch  # noqa: E402
 
 from allocconf import transfer  # noqa: E402
+from allocconf.transfer import _copies  # noqa: E402
 from allocconf.transfer import (Channel, Receiver, Sender,  # noqa: E402
                                 TransferError)
-from helpers.transfer_host import HostOps  # noqa: E402
+from allocconf.transfer.testing import HostDevice  # noqa: E402
 
 
 def same_bits(a, b):
@@ -34,8 +35,8 @@ def same_bits(a, b):
 
 def pair(capacity=4096, buffers=2, **kw):
     log = []
-    return (Sender(capacity, buffers, _ops=HostOps(log), **kw),
-            Receiver(_ops=HostOps(log)), log)
+    return (Sender(capacity, buffers, device=HostDevice(log=log), **kw),
+            Receiver(device=HostDevice(log=log)), log)
 
 
 def run(sender, receiver, src, dst=None, **kw):
@@ -109,7 +110,7 @@ def test_a_receiver_that_does_not_know_the_plan_says_so_and_is_taught():
     src = weights()
     run(sender, first, src, {k: torch.zeros_like(v) for k, v in src.items()})
     run(sender, first, src, {k: torch.zeros_like(v) for k, v in src.items()})
-    fresh = Receiver(_ops=HostOps())  # a restarted engine
+    fresh = Receiver(device=HostDevice())  # a restarted engine
     to_engine, to_trainer = queue.Queue(), queue.Queue()
     trainer = Channel(to_engine, to_trainer)
     engine = Channel(to_trainer, to_engine)
@@ -167,13 +168,13 @@ def test_a_refilled_scratch_tensor_needs_eager_and_is_refused_without(
         monkeypatch):
     sender, receiver, log = pair(1 << 16)
     runs = []  # the sender's programs run (each one launch or few)
-    real_run = transfer._Program.run
+    real_run = _copies.Program.run
 
     def counted(program):
         if program.into_buffer:
             runs.append(program)
         real_run(program)
-    monkeypatch.setattr(transfer._Program, "run", counted)
+    monkeypatch.setattr(_copies.Program, "run", counted)
     scratch = torch.empty(16)
 
     def gathered():
@@ -243,16 +244,16 @@ def test_a_vllm_style_engine_loads_fused_weights_through_load_weights():
 
 def test_the_sender_gpu_is_found_by_uuid_in_the_receivers_numbering():
     log = []
-    sender = Sender(1024, _ops=HostOps(log, uuid="GPU-b"))
+    sender = Sender(1024, device=HostDevice("GPU-b", log=log))
     # The engine sees two GPUs, the sender's second (its own
     # CUDA_VISIBLE_DEVICES): it opens the buffer on its device 1.
-    receiver = Receiver(_ops=HostOps(log, visible=["GPU-a", "GPU-b"]))
+    receiver = Receiver(device=HostDevice(log=log, visible=["GPU-a", "GPU-b"]))
     src = weights(n=3)
     run(sender, receiver, src, {k: torch.zeros_like(v)
                                 for k, v in src.items()})
     assert {op[2] for op in log if op[0] == "open"} == {1}
-    elsewhere = Receiver(_ops=HostOps(visible=["GPU-a"]))
-    (msg,) = list(Sender(1 << 16, _ops=HostOps(uuid="GPU-b")).send(src))
+    elsewhere = Receiver(device=HostDevice(visible=["GPU-a"]))
+    (msg,) = list(Sender(1 << 16, device=HostDevice("GPU-b")).send(src))
     with pytest.raises(TransferError, match=r"sender's GPU \(GPU-b\) is not "
                        r"among the 1 this process sees"):
         elsewhere.load(msg, {k: torch.zeros_like(v) for k, v in src.items()})
@@ -261,7 +262,7 @@ def test_the_sender_gpu_is_found_by_uuid_in_the_receivers_numbering():
 @pytest.mark.parametrize("route", ["foreach", "copy_"])
 def test_a_cast_while_packing_is_bit_exact_to_tensor_to(route, monkeypatch):
     if route == "copy_":
-        monkeypatch.setattr(transfer._Program, "BIG", 1)
+        monkeypatch.setattr(_copies.Program, "BIG", 1)
     g = torch.Generator().manual_seed(7)
     src = {"w": torch.randn(300, generator=g) * 1e3,
            "special": torch.tensor([float("nan"), float("inf"), -0.0,
@@ -326,7 +327,7 @@ def test_a_silent_receiver_raises_within_the_timeout_and_the_sender_recovers():
     sender.sync(src, trainer, timeout=10)
     t.join()
     assert all(same_bits(src[k], dst[k]) for k in src)
-    assert receiver.complete == sender._sync and receiver.sync is None
+    assert receiver.complete == sender._syncs and receiver.sync is None
 
 
 def test_a_source_that_raises_aborts_the_sync_and_the_engine_knows():
@@ -373,13 +374,13 @@ def test_a_bucket_the_engine_cannot_take_fails_both_sides_loudly():
 
 def test_close_and_a_restarted_trainer_let_go_of_the_old_buffers():
     log = []
-    receiver = Receiver(_ops=HostOps(log))
-    old = Sender(1024, _ops=HostOps(log))
+    receiver = Receiver(device=HostDevice(log=log))
+    old = Sender(1024, device=HostDevice(log=log))
     src = weights(n=4)
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
     run(old, receiver, src, dst)
     assert {s for s, _ in receiver._buffers} == {old.id}
-    new = Sender(1024, _ops=HostOps(log))  # the trainer restarted
+    new = Sender(1024, device=HostDevice(log=log))  # the trainer restarted
     run(new, receiver, src, dst)
     assert {s for s, _ in receiver._buffers} == {new.id}
     assert not any(k[0] == old.id for k in receiver._plans)
@@ -485,7 +486,7 @@ def test_a_sync_that_does_not_wait_leaves_its_acks_to_the_next():
         assert sent > 1 and sender.pending > 0  # the engine still reading
         if step < 2:  # the next sync takes them when it needs the buffers
             t.join(0.05)
-        while receiver.complete != sender._sync:
+        while receiver.complete != sender._syncs:
             time.sleep(0.01)
         assert all(same_bits(want[k], dst[k]) for k in src), step
     sender.drain(trainer, timeout=10)
@@ -569,13 +570,13 @@ def test_a_sync_larger_than_its_buffers_puts_before_it_waits_for_an_ack():
         assert all(same_bits(src[k], dst[k]) for k in src), step
 
 
-class GraphOps(HostOps):
-    """HostOps that "capture" copies the way _Cuda.graph does: the
+class GraphOps(HostDevice):
+    """A HostDevice that "captures" copies the way CUDA's graph does: the
     functions given, run again at each replay, and the capture and each
     replay logged; with `refuse`, capture fails (None)."""
 
     def __init__(self, log, refuse=False):
-        super().__init__(log)
+        super().__init__(log=log)
         self.refuse = refuse
 
     def graph(self, branches):
@@ -595,8 +596,8 @@ def test_kept_copies_are_captured_once_and_replayed(refuse):
     log = []
     # One buffer: every sync packs bucket k into the same buffer, so the
     # copies kept per (bucket, buffer) are all made by the first sync.
-    sender = Sender(1024, buffers=1, _ops=GraphOps(log, refuse))
-    receiver = Receiver(_ops=GraphOps(log, refuse))
+    sender = Sender(1024, buffers=1, device=GraphOps(log, refuse))
+    receiver = Receiver(device=GraphOps(log, refuse))
     src = weights(n=6, size=100)  # 3 buckets
     src["big"] = torch.randn(600)  # 2400 bytes: split across buckets
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
@@ -630,3 +631,51 @@ def test_kept_copies_are_captured_once_and_replayed(refuse):
     run(sender, receiver, src)
     assert torch.equal(dst["w0"], torch.full_like(dst["w0"], 7.0))
     assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+# -- what a sync counts, and arguments refused at once ----------------------------
+
+@pytest.mark.parametrize("how", ["into", "bound", "load_weights"])
+def test_sync_result_counts_tensors_not_pieces(how):
+    # One tensor over three buckets is one tensor; a tied name counts as
+    # the tensor it names (load_weights gets it under both names).
+    sender, receiver, _ = pair(1024, buffers=3)
+    big = torch.randn(600)  # 2400 bytes: three pieces of a 1 KiB buffer
+    src = {"big": big, "small": torch.randn(5), "tied": big}
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    got = []
+    trainer, engine = channels()
+    kw = {"into": dst} if how == "into" else {}
+    if how == "bound":
+        receiver.bind(dst)
+    if how == "load_weights":
+        kw = {"load_weights": lambda batch: got.extend(n for n, _ in batch)}
+    th = threading.Thread(target=lambda: got.append(
+        receiver.serve(engine, timeout=10, **kw)))
+    th.start()
+    buckets = sender.sync(src, trainer, timeout=10)
+    th.join(20)
+    result = got.pop()
+    assert result.complete and result.buckets == buckets == 3
+    assert result.tensors == 3
+    if how == "load_weights":
+        assert sorted(got) == ["big", "small", "tied"]
+    else:
+        assert all(same_bits(src[k], dst[k]) for k in src)
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_sender_sync_refuses_a_wrong_type_argument_at_once_by_name(swap):
+    sender, _, _ = pair(1024)
+    trainer, _ = channels()
+    src = weights(n=2)
+    args, name = (((trainer, src), "tensors") if swap
+                  else ((src, queue.Queue()), "channel"))
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match=f"{name} must be"):
+        sender.sync(*args, timeout=30)
+    assert time.monotonic() - t0 < 5  # not after the 30 s timeout
+    assert sender.pending == 0 and trainer.outbox.empty()
+    # a model's tensor alone is not a state dict either
+    with pytest.raises(TypeError, match="tensors must be .* got Tensor"):
+        sender.sync(src["w0"], trainer)

@@ -3,7 +3,7 @@ channel (issue 25), on the CPU: a trainer in the driver, a vLLM-style
 stand-in engine (examples/engine_standin.py) in an actor started with
 ``allocconf.child_env("user")`` as its ``runtime_env``, one
 ``Sender.sync`` and one ``Receiver.serve`` call a sync, buffers shared
-across the processes through /dev/shm (tests/helpers/transfer_shm.py
+across the processes through /dev/shm (allocconf.transfer.testing
 stands in for CUDA IPC).  Then the engine is killed: the trainer's next
 sync fails within its timeout instead of hanging."""
 import os
@@ -28,7 +28,7 @@ import ray
 from ray.util.queue import Queue
 import allocconf
 from allocconf.transfer import Channel, Sender, TransferError
-from helpers.transfer_shm import ShmOps, cleanup
+from allocconf.transfer.testing import HostDevice
 from engine_standin import hf_weights
 
 @ray.remote
@@ -36,10 +36,10 @@ class Engine:
     def __init__(self, paths):
         sys.path[:0] = paths
         from allocconf.transfer import Receiver
-        from helpers.transfer_shm import ShmOps
+        from allocconf.transfer.testing import HostDevice
         from engine_standin import Engine
         self.engine = Engine(layers=2, hidden=16)
-        self.receiver = Receiver(_ops=ShmOps())
+        self.receiver = Receiver(device=HostDevice())
 
     def serve(self, to_engine, to_trainer):
         from allocconf.transfer import Channel
@@ -61,7 +61,7 @@ try:
         "env_vars": allocconf.child_env("user", environ={})}).remote(PATHS)
     to_engine, to_trainer = Queue(), Queue()
     trainer = Channel(to_engine, to_trainer)
-    sender = Sender(2048, _ops=ShmOps())  # the embedding is split
+    sender = Sender(2048, device=HostDevice())  # the embedding is split
     syncs = []
     for step in range(3):
         hf = hf_weights(layers=2, hidden=16, seed=step)
@@ -81,7 +81,6 @@ try:
     waited = time.monotonic() - t0
 finally:
     ray.shutdown()
-    cleanup()
 print(json.dumps({"syncs": syncs, "env": env, "dead": dead,
                   "waited": waited}))
 """

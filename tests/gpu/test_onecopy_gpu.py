@@ -64,7 +64,7 @@ for step in range(6):
         src = ((k, v.clone()) for k, v in master.items())
     else:
         src = master
-    w = writer.sync(channel, src, cast=CAST)
+    w = writer.sync(src, channel, cast=CAST)
     served = ctl[1].get(timeout=300)
     report["syncs"].append({"served": served, "tensors": w.tensors,
                             "graphed": writer.graphed,
@@ -107,7 +107,7 @@ src = torch.empty(MIB << 19, dtype=torch.bfloat16, device="cuda")
 ctl[0].put(("tear", True, N, MIB, 5))
 for i in range(N):
     src.fill_(float(i + 1))
-    writer.sync(channel, {"w": src})
+    writer.sync({"w": src}, channel)
 report["handshake"] = ctl[1].get(timeout=300)
 # Without it: the trainer writes through the map whenever it likes.
 ctl[0].put(("tear", False, N, MIB, 5))
@@ -145,7 +145,7 @@ proc, ctl, channel = start_engine()
 report = {"built": ask(ctl, "stand-in", LAYERS, HIDDEN, VOCAB, True)}
 writer = Writer(timeout=120)
 ctl[0].put(("serve", 120))
-writer.sync(channel, master, cast=CAST)
+writer.sync(master, channel, cast=CAST)
 report["first"] = ctl[1].get(timeout=300)
 old_map = writer.map.id
 report["before"] = ask(ctl, "memory")
@@ -154,7 +154,7 @@ with torch.no_grad():
     for v in master.values():
         v.mul_(-1)
 ctl[0].put(("serve", 120))
-writer.sync(channel, master, cast=CAST)  # takes the close and the new map
+writer.sync(master, channel, cast=CAST)  # takes the close and the new map
 report["second"] = ctl[1].get(timeout=300)
 report["new_map"] = writer.map.id != old_map
 report["matches"] = ask(ctl, "check", expected(master))
@@ -167,7 +167,7 @@ report["silent_s"] = time.monotonic() - t0
 report["doubt"] = ask(ctl, "in doubt")
 # The late answer is still taken; then the engine is killed: the trainer
 # times out.
-writer.sync(channel, master, cast=CAST)
+writer.sync(master, channel, cast=CAST)
 report["late"] = ask(ctl, "serve", 60)
 proc.kill()
 proc.join()

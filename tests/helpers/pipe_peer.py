@@ -19,10 +19,10 @@ def engine(channel, names_shapes):
     import torch
 
     from allocconf.transfer import Receiver
-    from helpers.transfer_shm import ShmOps
+    from allocconf.transfer.testing import HostDevice
 
     weights = {n: torch.zeros(s) for n, s in names_shapes}
-    rx = Receiver(_ops=ShmOps())
+    rx = Receiver(device=HostDevice())
     rx.bind(weights)
     r = rx.serve(channel, timeout=60)
     channel.put((r.complete, r.buckets,

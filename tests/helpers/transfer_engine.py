@@ -1,5 +1,5 @@
 """The engine side of allocconf.transfer for the GPU tests and the
-benchmark: a spawned process that loads each Message into its own
+benchmark: a spawned process that loads each Bucket into its own
 tensors (or reads zero-copy views) and answers with an Ack, and with
 SHA-256 digests of what it holds when asked."""
 import hashlib
@@ -71,7 +71,7 @@ def engine_process(ctl_in, ctl_out, to_engine, to_trainer, paths, layers,
 
     sys.path[:0] = paths
     import torch
-    from allocconf.transfer import Channel, Receiver
+    from allocconf.transfer import Channel, Close, Receiver
     from engine_standin import Engine
 
     engine = Engine(layers, hidden, vocab, dtype=torch.bfloat16,
@@ -97,9 +97,9 @@ def engine_process(ctl_in, ctl_out, to_engine, to_trainer, paths, layers,
                        len(receiver._buffers)]
             elif cmd == "take":
                 msg = channel.get(60)
-                if msg.kind == "close":
+                if isinstance(msg, Close):
                     receiver.forget(msg.sender)
-                out = [msg.kind, len(receiver._buffers)]
+                out = [type(msg).__name__.lower(), len(receiver._buffers)]
             else:
                 out = f"unknown command {cmd!r}"
         except Exception as exc:
