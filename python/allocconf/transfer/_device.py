@@ -101,14 +101,18 @@ class Cuda:
                     f"(CUDA_VISIBLE_DEVICES); CUDA IPC needs the same GPU")
 
     def alloc(self, nbytes: int) -> torch.Tensor:
-        with allocconf.ipc_safe():
+        # The buffer's device current while the window opens, so that a
+        # window of the opener's scope routes that device to its pool.
+        with torch.cuda.device(self.torch_device), allocconf.ipc_safe():
             buf = torch.empty(nbytes, dtype=torch.uint8,
                               device=self.torch_device)
         if not allocconf.ipc_capable(buf):
+            st = allocconf.status()
             raise error(RuntimeError,
-                        "a buffer allocated inside ipc_safe() is in an "
-                        "expandable segment (" + allocconf.status().reason
-                        + ")")
+                        f"a buffer allocated inside ipc_safe() is in memory "
+                        f"classic CUDA IPC cannot share (windows' scope: "
+                        f"{st.window_scope}, {st.window_scope_reason}; "
+                        f"{st.reason})")
         return buf
 
     def share(self, buf: torch.Tensor) -> Any:

@@ -38,10 +38,12 @@ NOT_CLASSIC = (
     "the engine's target {name!r} lives in memory that classic CUDA IPC "
     "cannot share ({cause}): an expandable segment, or a cuMem/VMM pool "
     "(vLLM's sleep mode, torch_memory_saver). Allocate the engine's "
-    "weights inside allocconf.ipc_safe() (allocconf steps back from "
-    "expandable segments by itself in the engines it knows: "
-    "docs/neighbours.md), or use the bucketed mode (Sender/Receiver), "
-    "which works with any engine memory")
+    "weights inside allocconf.ipc_safe() with their device current (its "
+    "default scope routes that thread's allocations to classic memory "
+    "and changes nothing else; allocconf also steps back from expandable "
+    "segments by itself in the engines it knows: docs/neighbours.md), or "
+    "use the bucketed mode (Sender/Receiver), which works with any engine "
+    "memory")
 
 # What to do about a target that is not contiguous.  Never a copy of it
 # (t.contiguous()): the trainer would write the copy, which the engine
