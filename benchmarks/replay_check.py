@@ -1,5 +1,5 @@
 """What the replay check of allocconf.transfer costs (`_Sources.still`,
-docs/design.md "Replay"): the check a state dict sent again passes
+docs/design.md, "Replay, then check"): the check a state dict sent again passes
 before its kept copies are announced, in the bucketed and the one-copy
 mode alike, and each of its steps alone, for N tensors of a model's
 (512 by default) on the GPU where there is one, else on the CPU.
