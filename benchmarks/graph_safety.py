@@ -1,6 +1,6 @@
 """Are torch.cat(out=) and torch.split_with_sizes_copy(out=) of many
 tensors safe to capture in a CUDA graph (the next step for
-allocconf.transfer's copies, docs/design.md "Where the time goes now")?
+allocconf.transfer's copies, docs/design.md, "Kept copies replay from CUDA graphs")?
 
 512 int64 tensors of 1 MiB: each op captured once
 (CUDAGraph.capture_begin(capture_error_mode="thread_local") on a side

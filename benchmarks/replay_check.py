@@ -1,6 +1,6 @@
 """What the replay check of allocconf.transfer costs (`Sources.still` in
-python/allocconf/transfer/_replay.py,
-docs/design.md "Replay"): the check a state dict sent again passes
+python/allocconf/transfer/_replay.py, docs/design.md, "Replay, then
+check"): the check a state dict sent again passes
 before its kept copies are announced, in the bucketed and the one-copy
 mode alike, and each of its steps alone, for N tensors of a model's
 (512 by default) on the GPU where there is one, else on the CPU.

@@ -3,9 +3,11 @@
 Each benchmark runs as its own process and prints its figures; this
 script keeps what each printed, reads the JSON each wrote, and writes
 <out>/benchmarks.md (results tables, plots, versions, the command),
-<out>/results.json (all figures) and the plots beside them.  Copy the page
-to docs/ and the PNGs to docs/img/ to publish them: every number on the
-page is one a benchmark printed.
+<out>/results.json (all figures) and the plots beside them.  To publish
+a run, bring its tables into the benchmarks' sections of
+docs/benchmarks.md and its PNGs into docs/img/, and keep the page and
+JSON, dated, in benchmarks/results/: every number on the page is one a
+benchmark printed.
 
 Usage: python benchmarks/run_all.py --out DIR [--only a,b] [--quick]
 """

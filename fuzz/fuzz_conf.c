@@ -1,6 +1,6 @@
 /*
  * fuzz_conf.c -- libFuzzer harness for the configuration grammar
- * (csrc/conf.c), checking properties, not just the absence of crashes:
+ * (csrc/grammar/conf.c), checking properties, not just the absence of crashes:
  *
  *   - a string that parses survives a round trip:
  *     parse(serialise(parse(s))) == parse(s), and serialise is a fixpoint;

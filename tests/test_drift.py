@@ -1,4 +1,4 @@
-"""Where allocconf's state could drift from torch's (issue 24), each in a
+"""Where allocconf's state could drift from torch's, each in a
 fresh interpreter with warnings as errors: what torch holds is read with
 torch's own getter (2.13+), never with allocconf's bookkeeping."""
 import os

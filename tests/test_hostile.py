@@ -1,6 +1,7 @@
-"""Regressions from issue 11 (hostile conditions), each in a fresh
-process: warnings as errors inside `import torch`, importlib.reload, and
-the small defects of item 9."""
+"""Regressions under hostile conditions, each in a fresh process:
+warnings as errors inside `import torch`, importlib.reload, and small
+defects (an unhashable status, an empty ALLOCCONF_AUTO, check_ipc's
+names for what is not a CUDA tensor)."""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,8 @@
-"""Regressions for the state under hostile conditions (issue 11, items 2,
-3 and 5-9): sticky keys, torch refusing, a second module state, fork(),
-user code under the lock, containers mutated by __str__, decorated
-generators.  Each runs in a fresh interpreter with warnings as errors and
-a timeout, since a failure here is often a hang or a crash."""
+"""Regressions for the state under hostile conditions: sticky keys, torch
+refusing, a second module state, fork(), user code under the lock,
+containers mutated by __str__, decorated generators.  Each runs in a
+fresh interpreter with warnings as errors and a timeout, since a failure
+here is often a hang or a crash."""
 import json
 import sys
 
@@ -28,7 +28,7 @@ def holds():
 """
 
 
-# -- item 2: sticky keys -----------------------------------------------------
+# -- sticky keys --------------------------------------------------------------
 
 def test_window_on_then_closed_names_expandable_segments_false():
     # 0.1.0 wrote "max_split_size_mb:64" on exit: torch kept them ON.
@@ -80,7 +80,7 @@ def test_removing_a_reserve_key_torch_holds_is_refused_with_its_name():
     assert "expandable_segments_reserve:0.5" in config
 
 
-# -- item 3: torch refuses ---------------------------------------------------
+# -- torch refuses ------------------------------------------------------------
 
 def test_after_torch_refuses_status_tells_what_it_holds_and_windows_work():
     out = run_json("""
@@ -118,7 +118,7 @@ def test_after_torch_refuses_status_tells_what_it_holds_and_windows_work():
     assert out["after"] == out["live"]
 
 
-# -- item 5: one state per process -------------------------------------------
+# -- one state per process ----------------------------------------------------
 
 def test_a_second_module_state_is_refused():
     out = run_json("""
@@ -152,7 +152,7 @@ def test_a_sub_interpreter_gets_no_second_state():
     assert "already loaded in this process" in proc.stderr
 
 
-# -- item 6: fork ------------------------------------------------------------
+# -- fork ---------------------------------------------------------------------
 
 FORK = """
 import threading, time
@@ -230,7 +230,7 @@ def test_readme_states_the_fork_rules():
     assert "`fork()`: allocconf registers an at-fork handler" in readme
 
 
-# -- item 7: no user code under the lock -------------------------------------
+# -- no user code under the lock ----------------------------------------------
 
 def test_a_str_that_calls_allocconf_works_inside_configure():
     out = run_json("""
@@ -266,7 +266,7 @@ def test_a_str_calling_status_inside_a_list_value_of_configure():
     assert "roundup_power2_divisions:[256:2]" in out
 
 
-# -- item 8: containers mutated by __str__ -----------------------------------
+# -- containers mutated by __str__ --------------------------------------------
 
 def test_str_that_empties_its_container_is_no_use_after_free():
     proc = run_script("""
@@ -292,7 +292,7 @@ def test_str_that_empties_its_container_is_no_use_after_free():
         "roundup_power2_divisions:[256:4]", 0, 0]
 
 
-# -- item 9 ------------------------------------------------------------------
+# -- decorated generators and coroutines --------------------------------------
 
 def test_decorated_generators_iterate_inside_the_window():
     out = run_json("""

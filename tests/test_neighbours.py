@@ -1,4 +1,4 @@
-"""Living with neighbours (docs/neighbours.md, issue 12), on the CPU build.
+"""Living with neighbours (docs/neighbours.md), on the CPU build.
 
 Each test runs in a fresh interpreter with warnings as errors.  The
 neighbours here are STAND-INS: empty modules named torch_memory_saver,

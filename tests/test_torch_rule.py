@@ -1,5 +1,5 @@
 """torch's own rule for writes by other components, with allocconf
-imported (docs/design.md, "Whose keys win"; issue 24).
+imported (docs/design.md, "Whose keys win").
 
 PyTorch's test_allocator_settings (test/test_cuda.py) writes a sequence of
 strings through torch's setter and checks after each that the keys the

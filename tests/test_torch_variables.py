@@ -1,4 +1,4 @@
-"""allocconf reads the variable the running torch reads (issue 14 item 2).
+"""allocconf reads the variable the running torch reads.
 
 Which of PYTORCH_CUDA_ALLOC_CONF, PYTORCH_HIP_ALLOC_CONF and
 PYTORCH_ALLOC_CONF a torch reads differs by version and build

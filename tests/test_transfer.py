@@ -1,7 +1,7 @@
 """allocconf.transfer without a GPU: the layout, the packing and loading
 with CPU buffers in one process (allocconf.transfer.testing stands in for
 CUDA IPC and its events), the acknowledgement protocol, messages that
-pickle, and clear errors.  tests/gpu/test_transfer.py runs sender and
+pickle, and clear errors.  tests/gpu/test_transfer_gpu.py runs sender and
 receiver in two processes on a GPU."""
 import pickle
 

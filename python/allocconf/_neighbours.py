@@ -7,7 +7,7 @@ its hook library in ``LD_PRELOAD``).  ``SETTERS`` names torch's setters,
 wrapped when allocconf attaches so that a write by another component
 keeps the user's other keys.  ``child_env`` and the opt-in export give the
 configuration to those that read the environment.  The state changes
-themselves happen in C (csrc/neighbours.c), under allocconf's lock.
+themselves happen in C (csrc/api/neighbours.c), under allocconf's lock.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ SETTERS = (
 )
 
 #: The variables torch may read, PYTORCH_CUDA_ALLOC_CONF (which every
-#: torch reads first) first; the list lives in csrc/environ.c.
+#: torch reads first) first; the list lives in csrc/state/environ.c.
 VARIABLES: Tuple[str, ...] = _C._internals()["variables"]
 
 
@@ -91,7 +91,7 @@ def missing() -> List[str]:
 
 
 # ---------------------------------------------------------------------------
-# Writes by other components (behaviour 9)
+# Writes by other components
 # ---------------------------------------------------------------------------
 
 
@@ -149,7 +149,7 @@ def wrap_setters(torch: ModuleType) -> List[str]:
 
 
 # ---------------------------------------------------------------------------
-# The environment: children (behaviour 10) and the opt-in export
+# The environment: children and the opt-in export
 # ---------------------------------------------------------------------------
 
 CHILD_CONFIGS = ("same", "user", "off")

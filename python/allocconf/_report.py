@@ -166,7 +166,7 @@ def _variables() -> Dict[str, Any]:
     (torch reads only the first it finds), and, once torch is imported,
     those this torch does not read for CUDA at all (2.9 and older ignore
     PYTORCH_ALLOC_CONF, and read PYTORCH_HIP_ALLOC_CONF on ROCm builds
-    only; csrc/environ.c)."""
+    only; csrc/state/environ.c)."""
     import os
 
     inner = _C._internals()

@@ -1,4 +1,4 @@
-"""Issue 3 §1, issue 2's proof: in every import order, new CUDA memory
+"""The import-order guarantee (docs/import-order.md): in every import order, new CUDA memory
 lands in expandable segments; the user's settings survive."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Issue 3 §4 and issue 4's driver answers: memory allocated inside
+"""Classic CUDA IPC and the driver's answers: memory allocated inside
 ipc_safe() goes through classic CUDA IPC to another process, and the
 driver tells shareable from expandable memory."""
 import pytest

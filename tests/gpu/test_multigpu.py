@@ -1,4 +1,4 @@
-"""Two GPUs (issue 8): trainer on GPU 0 to receiver on GPU 1 through CUDA
+"""Two GPUs: trainer on GPU 0 to receiver on GPU 1 through CUDA
 IPC, and torchrun with two NCCL ranks.  Skipped with fewer than 2 GPUs."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Issue 3 §2: the user's settings, through each variable, are what torch
+"""The user's settings, through each variable, are what torch
 holds before activation, after it, and after 10,000 windows."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Issue 3 §3 and §7: the user's opt-outs hold on a real GPU, and a
+"""The user's opt-outs hold on a real GPU, and a
 malformed variable gives allocconf's warning and no write."""
 import pytest
 

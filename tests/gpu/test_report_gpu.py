@@ -1,4 +1,4 @@
-"""Issue 4: `python -m allocconf` on a GPU machine."""
+"""`python -m allocconf` on a GPU machine (docs/report.md)."""
 import json
 import subprocess
 import sys

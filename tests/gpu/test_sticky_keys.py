@@ -1,4 +1,4 @@
-"""Issue 11 item 2, on the GPU: torch keeps expandable_segments and
+"""Sticky keys, on the GPU: torch keeps expandable_segments and
 large_segment_size_mb when a write leaves them out, so allocconf names
 them on every write that changes them.  New segments after a window, or
 after configure(expandable_segments=None), follow what status() says."""

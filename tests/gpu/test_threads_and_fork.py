@@ -1,4 +1,4 @@
-"""Issue 3 §5 and §6: windows from many threads while others allocate, and
+"""Windows from many threads while others allocate, and
 fork after activation."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""allocconf next to the real torch_memory_saver (issue 12, docs/neighbours.md).
+"""allocconf next to the real torch_memory_saver (docs/neighbours.md).
 
 torch_memory_saver 0.0.10 in its "preload" hook mode (LD_PRELOAD, SGLang's
 default) sees only cudaMalloc: with expandable segments on, a region's

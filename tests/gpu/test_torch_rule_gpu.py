@@ -1,5 +1,5 @@
 """PyTorch's test_allocator_settings sequence on a GPU, with allocconf
-imported (issue 24).
+imported (docs/design.md, "Whose keys win").
 
 torch's own test (test/test_cuda.py) writes setter strings one after
 another and checks the allocator's memory figures after each: that
