@@ -110,11 +110,6 @@ _NOT_IN_A_CHECKOUT = {
     "docs/_build/html": "the Sphinx build's output (docs/conf.py)",
 }
 
-#: allocconf.transfer is being split into a package (python/allocconf/
-#: transfer/) on another branch; until that merges, comments and pages may
-#: name its modules ahead of time.  The lead removes this allowance after
-#: the merge, so that those paths are checked too.
-_PENDING_PREFIXES = ("python/allocconf/transfer/",)
 
 _INTERNAL_REF = re.compile(
     r"\b(?:[Ii]ssues?|PR)\s+#?\d+|(?<![\w&/])#\d+\b"
@@ -122,15 +117,6 @@ _INTERNAL_REF = re.compile(
 #: Another project's issue, named with its project, is a citation.
 _EXTERNAL_REF = re.compile(r"(?:vLLM|PyTorch|SGLang|Ray|CPython)\s+issues?\s")
 
-#: Files whose comments still carry internal issue numbers, held back
-#: because another branch rewrites them (the transfer's tests move with
-#: the package); the lead empties this after that merge.
-_PENDING_ISSUE_REFS = {
-    "tests/helpers/transfer_engine.py", "tests/test_transfer_ray.py",
-    "tests/test_transfer_onecopy.py", "tests/test_transfer_protocol.py",
-    "tests/gpu/test_transfer_engines_gpu.py",
-    "tests/gpu/test_transfer_gpu.py", "tests/gpu/test_onecopy_gpu.py",
-}
 
 _SOURCE_DIRS = ("csrc", "python", "tests", "benchmarks", "tools",
                 "examples", "fuzz")
@@ -189,7 +175,6 @@ def missing_paths(texts, root=ROOT):
             path = m.group(1)
             full = "python/" + path if path.startswith("allocconf/") else path
             if (full in _NOT_IN_A_CHECKOUT
-                    or full.startswith(_PENDING_PREFIXES)
                     or os.path.exists(os.path.join(root, full))):
                 continue
             out.append(f"{where}: {path}")
@@ -213,8 +198,6 @@ def test_a_path_that_does_not_exist_is_named():
 def test_no_page_or_comment_cites_an_internal_issue_or_a_missing_list():
     found = []
     for where, text in _cited_texts():
-        if where in _PENDING_ISSUE_REFS:
-            continue
         for m in _INTERNAL_REF.finditer(text):
             before = text[max(0, m.start() - 12):m.start() + 8]
             if not _EXTERNAL_REF.search(before):

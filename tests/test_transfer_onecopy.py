@@ -1,4 +1,4 @@
-"""allocconf.transfer's one-copy mode (issue 26) without a GPU: the
+"""allocconf.transfer's one-copy mode without a GPU: the
 engine's target map (fused rows, tied names, refusals), the consent
 handshake (what waits for what, in order), the checks made before any
 copy, the faults (a failure part-way, a silent peer, a stale map, close),

@@ -1,4 +1,4 @@
-"""allocconf.transfer's protocol for real engines (issue 25), without a
+"""allocconf.transfer's protocol for real engines, without a
 GPU: plans kept while the layout holds, tied weights sent once, tensors
 split across buckets reassembled, the sender's GPU found by UUID, casts,
 one call a sync over a channel, and the faults (a silent receiver, a

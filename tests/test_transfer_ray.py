@@ -1,5 +1,5 @@
 """allocconf.transfer with Ray actors as the launcher and Ray queues as the
-channel (issue 25), on the CPU: a trainer in the driver, a vLLM-style
+channel, on the CPU: a trainer in the driver, a vLLM-style
 stand-in engine (examples/engine_standin.py) in an actor started with
 ``allocconf.child_env("user")`` as its ``runtime_env``, one
 ``Sender.sync`` and one ``Receiver.serve`` call a sync, buffers shared

@@ -1,4 +1,4 @@
-"""allocconf.transfer's one-copy mode on the GPU (issue 26): a trainer
+"""allocconf.transfer's one-copy mode on the GPU: a trainer
 with fp32 master weights in expandable segments writes straight into a
 bf16 engine's weights (examples/engine_standin.py: fused qkv/gate_up
 rows, a tied lm_head) in another process, which names the GPU by UUID in

@@ -1,4 +1,4 @@
-"""allocconf.transfer into a real-shaped engine on the GPU (issue 25): a
+"""allocconf.transfer into a real-shaped engine on the GPU: a
 trainer with fp32 master weights in expandable segments, an engine
 process (examples/engine_standin.py: fused qkv/gate_up, load_weights, a
 tied lm_head, an embedding larger than a buffer) in bf16, found by GPU

@@ -1,5 +1,5 @@
-"""allocconf.transfer on the GPU, trainer and engine in two processes
-(issue 13): the trainer's tensors live in expandable segments, the
+"""allocconf.transfer on the GPU, trainer and engine in two processes:
+the trainer's tensors live in expandable segments, the
 buckets go through classic CUDA IPC, and what the engine holds is
 compared bit for bit (SHA-256 of the bytes) after every sync."""
 import pytest

@@ -61,7 +61,7 @@ def engine(spec, inbox, outbox, mode="load"):
 
 def engine_process(ctl_in, ctl_out, to_engine, to_trainer, paths, layers,
                    hidden, vocab):
-    """A spawned inference engine for the GPU tests of issue 25: the
+    """A spawned inference engine for the GPU tests of the transfer: the
     vLLM-style stand-in of examples/engine_standin.py, in bf16 on this
     process's GPU, driven by commands on `ctl_in`: "serve" (one whole sync
     from the data channel, through load_weights), "check" (compare with
