@@ -350,16 +350,17 @@ ac_internals(ac_state *st)
     }
     base = export_base_locked(st);
     r = Py_BuildValue(
-        "{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O,s:O,s:s,s:n,s:n}", "variables",
-        names_of(AC_READS_ALL), "reads", names_of(ac_env_reads_of(st)),
-        "attached", PyBool_FromLong(st->attached), "auto",
-        PyBool_FromLong(st->auto_on), "step_back",
-        PyBool_FromLong(st->step_back), "keep_foreign",
+        "{s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O,s:O,s:s,s:n,s:n,s:O}",
+        "variables", names_of(AC_READS_ALL), "reads",
+        names_of(ac_env_reads_of(st)), "attached",
+        PyBool_FromLong(st->attached), "auto", PyBool_FromLong(st->auto_on),
+        "step_back", PyBool_FromLong(st->step_back), "keep_foreign",
         PyBool_FromLong(st->keep_foreign), "export",
         PyBool_FromLong(st->export_env), "at_fork",
         PyBool_FromLong(st->at_fork), "base", base, "user",
         st->user_raw ? st->user_raw : Py_None, "source", st->source,
-        "foreign_writes", st->foreign_n, "unseen", st->unseen);
+        "foreign_writes", st->foreign_n, "unseen", st->unseen, "torch_version",
+        st->torch_version ? st->torch_version : Py_None);
     ac_unlock(st);
     return r;
 }

@@ -41,7 +41,9 @@ def probe(torch: ModuleType,
     """The routing for ``_C._set_pools``, or why windows must hold
     expandable segments off process-wide instead.  Makes no pool and
     does not initialise CUDA."""
-    version = getattr(torch, "__version__", "?")
+    # The version as allocconf read it at attach (str() of torch's own
+    # object runs once, outside the lock: csrc/torchio/attach.c).
+    version = _C._internals()["torch_version"] or "?"
     if getattr(getattr(torch, "version", None), "hip", None):
         return (f"torch {version} is a ROCm build: allocconf's pools "
                 f"allocate through the CUDA driver")
