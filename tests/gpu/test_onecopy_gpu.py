@@ -173,7 +173,7 @@ proc.kill()
 proc.join()
 t0 = time.monotonic()
 try:
-    writer.sync(channel, master, cast=CAST, timeout=3)
+    writer.sync(master, channel, cast=CAST, timeout=3)
     report["dead"] = "no error"
 except TransferError as exc:
     report["dead"] = str(exc)
