@@ -326,6 +326,19 @@ set_pools(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(release_pools_doc,
+             "_release_pools()\n--\n\n"
+             "Let go of allocconf's pools (allocconf.release_pools).");
+
+static PyObject *
+release_pools(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    if (ac_release_pools(get_state(module)) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ */
 /* The CUDA driver                                                      */
 /* ------------------------------------------------------------------ */
@@ -404,6 +417,7 @@ static PyMethodDef methods[] = {
     {"_trace", trace, METH_O, trace_doc},
     {"_after_fork", after_fork, METH_NOARGS, after_fork_doc},
     {"_set_pools", set_pools, METH_VARARGS, set_pools_doc},
+    {"_release_pools", release_pools, METH_NOARGS, release_pools_doc},
     {"_neighbour", neighbour, METH_VARARGS, neighbour_doc},
     {"_foreign_write", foreign_write, METH_VARARGS, foreign_write_doc},
     {"_internals", internals, METH_NOARGS, internals_doc},

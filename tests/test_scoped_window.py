@@ -10,9 +10,10 @@ from helpers import run_json, torch_facts
 # that records each call (CALLS) and answers as a GPU torch would; the
 # getter says what torch's allocator holds (the CPU build keeps it).
 RECORDING = """
-    import threading
+    import threading, weakref
     import allocconf, torch
     CALLS = []
+    MADE = []  # a weak reference to each pool made
     CUDA_UP = [True]
     DEVICE = [0]
     FAIL = {}
@@ -23,6 +24,7 @@ RECORDING = """
             Pool.made += 1
             self.id = (Pool.made, 0)
             self.device = device
+            MADE.append(weakref.ref(self))
 
     def _rec(name):
         def call(*args):
@@ -365,3 +367,34 @@ def test_fork_inside_windows_keeps_only_the_forking_threads_routes():
     assert [c[0] for c in out["calls"]] == ["end", "release", "begin", "end",
                                             "release"]
     assert out["after"] == 0
+
+
+def test_release_pools_lets_go_of_them_and_refuses_while_a_window_routes():
+    out = run_json(RECORDING, """
+        import gc
+        with allocconf.ipc_safe():
+            pass
+        pool_ref = list(MADE)
+        errors = []
+        with allocconf.ipc_safe():
+            try:
+                allocconf.release_pools()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+            alive_inside = [r() is not None for r in pool_ref]
+        allocconf.release_pools()
+        gc.collect()
+        alive_after = [r() is not None for r in pool_ref]
+        with allocconf.ipc_safe():
+            pass
+        print(json.dumps({"errors": errors, "inside": alive_inside,
+                          "after": alive_after, "made": Pool.made,
+                          "depth": allocconf.status().window_depth}))
+    """)
+    assert out["errors"] == [
+        "allocconf.release_pools: an ipc_safe() window routes to a pool "
+        "now; call it once every window has closed"]
+    assert out["inside"] == [True]
+    assert out["after"] == [False]
+    assert out["made"] == 2  # the next window made a new one
+    assert out["depth"] == 0

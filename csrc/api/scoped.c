@@ -11,12 +11,13 @@
  * at the same moment gets a pool of its own, made when first needed and
  * kept for the next.  Nested windows only count.
  *
- * The pools stay for the life of the process, and what their windows
- * freed stays cached in them for the next window: torch has no call that
+ * The pools stay until release_pools(), and what their windows freed
+ * stays cached in them for the next window: torch has no call that
  * empties a pool that stays (torch.cuda.empty_cache() passes over pools
  * in use), and ending a pool while any thread on its device is inside
  * another pool's context or a graph capture trips an assertion inside
- * torch.  status().pool_bytes says what they hold.
+ * torch, so only the caller can say when it is safe.
+ * status().pool_bytes says what they hold.
  *
  * A window that cannot route holds expandable segments off process-wide
  * (api/window.c) and counts as `held`, as do the windows nested in it:
@@ -379,6 +380,44 @@ done:
     Py_XDECREF(pools);
     Py_XDECREF(ids);
     return rc;
+}
+
+int
+ac_release_pools(ac_state *st)
+{
+    PyObject *pools = NULL, *ids = NULL, *fresh = NULL, *fresh_ids = NULL;
+    size_t i;
+
+    fresh = PyList_New(0);
+    fresh_ids = PyList_New(0);
+    if (fresh == NULL || fresh_ids == NULL || ac_lock(st) < 0) {
+        Py_XDECREF(fresh);
+        Py_XDECREF(fresh_ids);
+        return -1;
+    }
+    for (i = 0; i < st->n_pools; i++) {
+        if (st->pool_slots[i].busy) {
+            ac_unlock(st);
+            Py_DECREF(fresh);
+            Py_DECREF(fresh_ids);
+            PyErr_SetString(PyExc_RuntimeError,
+                            "allocconf.release_pools: an ipc_safe() window "
+                            "routes to a pool now; call it once every "
+                            "window has closed");
+            return -1;
+        }
+    }
+    pools = st->pools;
+    ids = st->pool_ids;
+    st->pools = fresh;
+    st->pool_ids = fresh_ids;
+    st->n_pools = 0;
+    ac_unlock(st);
+    /* The pools end here, without the lock: torch gives their free
+     * blocks back to the device (the pool object's end). */
+    Py_XDECREF(pools);
+    Py_XDECREF(ids);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 PyObject *

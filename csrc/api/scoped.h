@@ -19,6 +19,12 @@ int ac_scoped_window(ac_state *st, int enter);
  * -1 with an exception set. */
 int ac_set_pools(ac_state *st, PyObject *api, PyObject *why);
 
+/* Let go of every pool, so that torch gives what they hold back to the
+ * device (free blocks at once, blocks in use once freed and emptied by
+ * torch.cuda.empty_cache()).  The next window makes new ones.  0, or -1
+ * with RuntimeError set (a window routes now) and nothing changed. */
+int ac_release_pools(ac_state *st);
+
 /* With the lock: the scope windows take now ("opener" or "process") and
  * why, as new strs, and the bytes of device memory allocconf's pools
  * hold, on all devices, as a new int; NULL with an exception set. */

@@ -33,6 +33,7 @@ __all__ = [
     "ipc_safe",
     "merge",
     "parse",
+    "release_pools",
     "set_expandable_segments",
     "status",
 ]
@@ -335,6 +336,25 @@ def ipc_safe(
         raise ValueError(
             f"allocconf.ipc_safe: scope must be 'opener' or 'process', "
             f"not {scope!r}") from None
+
+
+def release_pools() -> None:
+    """Give back the device memory that ``ipc_safe()`` windows' pools
+    hold: what is free in them goes back at once, what is still in use
+    when it is freed and ``torch.cuda.empty_cache()`` runs.  The next
+    window makes a new pool.
+
+    The pools keep what windows freed for the next window, and
+    ``torch.cuda.empty_cache()`` does not reach a pool that stays: call
+    this when the windows are done for a while (after a weight sync
+    whose buffers you dropped).  torch ends a pool with an assertion that
+    no thread on its device is inside a pool context
+    (``torch.cuda.use_mem_pool``, a torch_memory_saver region) or a CUDA
+    graph capture: call it where none is.  Raises RuntimeError, changing
+    nothing, while an ``ipc_safe()`` window routes to a pool.
+    ``status().pool_bytes`` says what the pools hold.
+    """
+    _C._release_pools()
 
 
 def ipc_capable(tensor: Any) -> bool:

@@ -57,8 +57,8 @@ class Status:
         pool_bytes: the bytes of device memory allocconf's pools hold,
             on all devices: in use, or freed inside a window and kept by
             torch in the pool for the next window (torch.cuda.empty_cache()
-            does not reach a pool in use).  0 before a window first
-            routed.
+            does not reach a pool in use; allocconf.release_pools()
+            gives it back).  0 before a window first routed.
         warnings: allocconf's warnings that the warning filters would have
             raised inside the user's ``import torch`` (``-W error``); they
             went to the "allocconf" logger instead, so that the import

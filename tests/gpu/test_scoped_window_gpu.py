@@ -172,6 +172,37 @@ def test_pool_keeps_freed_memory_for_the_next_window_and_stays_flat():
     assert out["after_100"] == out["first"]
 
 
+def test_release_pools_gives_the_memory_back():
+    out = run_json(COUNT_SETTER, """
+        def held():
+            return allocconf.status().pool_bytes
+        with allocconf.ipc_safe():
+            t = alloc(256)
+            del t
+        cached = held()
+        free0 = torch.cuda.mem_get_info()[0]
+        allocconf.release_pools()
+        after_free = held()
+        freed = torch.cuda.mem_get_info()[0] - free0
+        with allocconf.ipc_safe():
+            kept = alloc(256)
+        allocconf.release_pools()
+        while_kept = held()
+        kept.fill_(1)  # still usable: its pool ends only once it is freed
+        torch.cuda.synchronize()
+        del kept
+        torch.cuda.empty_cache()
+        print(json.dumps({"cached": cached, "after_free": after_free,
+                          "freed": freed, "while_kept": while_kept,
+                          "after_empty": held()}))
+    """, timeout=300)
+    assert out["cached"] >= 256 << 20
+    assert out["after_free"] == 0
+    assert out["freed"] >= 256 << 20
+    assert out["while_kept"] >= 256 << 20
+    assert out["after_empty"] == 0
+
+
 def test_classic_ipc_as_nobody_non_dumpable():
     # The sharing process runs as uid 65534 and is not dumpable: memory in
     # an expandable segment cannot be shared from it (pidfd_getfd fails),
