@@ -245,3 +245,37 @@ def test_setter_calling_back_into_allocconf_is_refused_not_deadlocked():
         print(json.dumps(seen))
     """, timeout=60)
     assert len(out) == 1 and "called from inside torch's allocator" in out[0]
+
+
+def test_a_window_restores_what_torch_held_as_the_docs_say():
+    # torch keeps expandable_segments across writes: after a window that
+    # turned it on, the restore must name it, at torch's default, in
+    # front of the string torch held before (README, docs/api.md).
+    import os
+
+    from helpers import TESTS_DIR, torch_facts
+    if not torch_facts()["getter"]:
+        pytest.skip("torch before 2.13 has no getter to compare with")
+    out = run_json("""
+        import allocconf, torch
+        get = torch._C._accelerator_getAllocatorSettings
+        before = get()
+        with allocconf.expandable_segments(True):
+            inside = get()
+        print(json.dumps([before, inside, get(),
+                          allocconf.status().config]))
+    """, env={"ALLOCCONF_AUTO": "0",
+              "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    before, inside, after, config = out
+    assert before == "max_split_size_mb:64"
+    assert "expandable_segments:True" in inside
+    assert after == config == "expandable_segments:False," + before
+    root = os.path.dirname(TESTS_DIR)
+    for page in ("README.md", os.path.join("docs", "api.md")):
+        with open(os.path.join(root, page), encoding="utf-8") as f:
+            text = " ".join(f.read().split())
+        assert "`expandable_segments:False,` then the previous string" \
+            in text or "`expandable_segments:False,max_split_size_mb:64` " \
+            "where torch held `max_split_size_mb:64`" in text, page
+        assert "restores the previous configuration, string for string" \
+            not in text, page

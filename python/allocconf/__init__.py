@@ -130,9 +130,11 @@ class expandable_segments(_C.Window):
     Windows nest and may be opened from any thread: expandable segments
     stay off while any ``ipc_safe()`` / ``expandable_segments(False)``
     window is open anywhere in the process, and the configuration from
-    before the outermost window comes back, string for string, when the
-    last one closes, also when the block raises.  A window opened before
-    torch is imported holds when torch arrives.
+    before the outermost window comes back when the last one closes, also
+    when the block raises: the same string, with ``expandable_segments``
+    named at torch's default in front where the window set it and that
+    string left it out (torch keeps the key across writes).  A window
+    opened before torch is imported holds when torch arrives.
 
     Only new allocations follow the setting: tensors allocated before the
     window stay where they are.  If torch refuses the write, entering
@@ -232,6 +234,11 @@ def ipc_capable(tensor: Any) -> bool:
     CUDA device or has no memory, RuntimeError when the driver cannot tell.
     """
     device = getattr(tensor, "device", None)
+    if device is None:
+        raise ValueError(
+            f"allocconf.ipc_capable: expected a CUDA tensor, got "
+            f"{type(tensor).__name__} (no device)"
+        )
     if getattr(device, "type", None) != "cuda":
         raise ValueError(
             f"allocconf.ipc_capable: expected a CUDA tensor, got one on "
@@ -299,19 +306,53 @@ def __getattr__(name: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def _log(level: int, msg: str, *args: Any) -> None:
+def _log(level: int, msg: str, *args: Any) -> bool:
     """Log to the "allocconf" logger at `level` (logging's numbers),
     importing logging only when torch (which imports it anyway) or the
-    user already has."""
-    if "logging" in sys.modules:
-        import logging
+    user already has.  The logger has a NullHandler, so that nothing
+    reaches logging's last-resort handler (a bare line on stderr, the same
+    problem a second time next to its warning): records go to the
+    handlers the user configured.  Returns whether there is one."""
+    if "logging" not in sys.modules:
+        return False
+    import logging
 
-        logging.getLogger("allocconf").log(level, msg, *args)
+    logger = logging.getLogger("allocconf")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    logger.log(level, msg, *args)
+    found: Optional[logging.Logger] = logger
+    while found is not None:
+        if any(not isinstance(h, logging.NullHandler)
+               for h in found.handlers):
+            return True
+        found = found.parent if found.propagate else None
+    return False
+
+
+def _stacklevel() -> int:
+    """The stacklevel that makes warnings.warn, called by our caller,
+    point at the first frame outside allocconf (the user's `import`
+    line), counting frames as warnings.warn does: importlib's own
+    frames are skipped."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame: Any = sys._getframe(1)  # the frame that calls warnings.warn
+    level = 1
+    while frame is not None and \
+            os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame = frame.f_back
+        while frame is not None and "importlib" in frame.f_code.co_filename \
+                and "_bootstrap" in frame.f_code.co_filename:
+            frame = frame.f_back
+        level += 1
+    return level
 
 
 def _warn(messages: List[str]) -> None:
-    for message in messages:
-        warnings.warn(message, AllocConfWarning, stacklevel=3)
+    """Give import-time warnings; never raise (see _give)."""
+    _give(messages)
 
 
 def _attach(torch: ModuleType) -> List[str]:
@@ -358,15 +399,19 @@ def _on_neighbour(module: ModuleType) -> None:
 
 
 def _give(messages: List[str]) -> None:
-    """Give warnings from inside someone else's import: one the filters
-    turn into an exception goes to the "allocconf" logger and is kept in
-    status().warnings instead."""
+    """Give warnings from inside an import (allocconf's own, torch's or a
+    neighbour's), pointing at the user's import line: one the filters
+    turn into an exception (``-W error``) is kept in status().warnings and
+    goes to the "allocconf" logger, or to stderr when no handler takes it,
+    so that it is said once and the import completes."""
     for message in messages:
         try:
-            warnings.warn(message, AllocConfWarning, stacklevel=3)
+            warnings.warn(message, AllocConfWarning,
+                          stacklevel=_stacklevel())
         except Exception:
             _KEPT.append(message)
-            _log(30, "%s", message)  # WARNING
+            if not _log(30, "%s", message):  # WARNING
+                sys.stderr.write(message + "\n")
 
 
 def _activate() -> List[str]:
