@@ -1,16 +1,13 @@
 """The backend key under backend:cudaMallocAsync: configure() writes the
 user's settings with it, and what it returns, status(), child_env() and
 torch's getter all say the same string."""
-import pytest
-
-from helpers import run_json, torch_facts
+from helpers import needs_getter, run_json
 
 ASYNC = "backend:cudaMallocAsync,max_split_size_mb:64"
 
 
 def test_configure_under_cuda_malloc_async_keeps_the_backend():
-    if not torch_facts()["getter"]:
-        pytest.skip("torch before 2.13 has no getter to compare with")
+    needs_getter()
     out = run_json("""
         import allocconf, torch
         get = torch._C._accelerator_getAllocatorSettings

@@ -91,42 +91,6 @@ def test_a_malformed_variable_under_warnings_as_errors_imports():
     assert len(out) == 1 and "is malformed" in out[0]
 
 
-def test_a_setter_calling_back_is_not_called_torchs_refusal():
-    out = run_json("""
-        import torch
-        from helpers import recorder
-        name = next(n for n in recorder.NAMES if hasattr(torch._C, n))
-        real = getattr(torch._C, name)
-        armed = []
-        def calls_back(conf):
-            if armed:
-                sys.modules["allocconf"].status()
-            return real(conf)
-        setattr(torch._C, name, calls_back)
-        import allocconf
-        armed.append(True)
-        got = []
-        for act in (lambda: allocconf.configure(max_split_size_mb=128),
-                    lambda: allocconf.ipc_safe().__enter__()):
-            try:
-                act()
-                got.append(None)
-            except Exception as exc:
-                got.append([type(exc).__name__, str(exc),
-                            str(exc.__cause__)])
-        armed.clear()
-        print(json.dumps([got, allocconf.status().window_depth]))
-    """, timeout=60)
-    got, depth = out
-    assert depth == 0
-    for kind, text, cause in got:
-        assert kind == "RuntimeError"
-        assert text.startswith("allocconf: torch's setter called back into "
-                               "allocconf")
-        assert "refused" not in text
-        assert "called from inside torch's allocator setter" in cause
-
-
 def test_ipc_capable_names_what_it_got():
     out = run_json("""
         import allocconf

@@ -227,24 +227,61 @@ def test_torch_refusing_a_window_write_leaves_the_window_closed():
                    "live": "expandable_segments:True", "depth": 0}
 
 
-def test_setter_calling_back_into_allocconf_is_refused_not_deadlocked():
-    out = run_json("""
-        import torch
-        from helpers import recorder
-        name = next(n for n in recorder.NAMES if hasattr(torch._C, n))
-        real = getattr(torch._C, name)
-        seen = []
-        def calls_back(conf):
+# torch's setter replaced, before allocconf attaches, by one that calls
+# allocconf back while `armed` says so: catching the RuntimeError it gets
+# ("catch"), or letting it fail the write ("raise").
+CALLS_BACK = """
+    import torch
+    from helpers import recorder
+    name = next(n for n in recorder.NAMES if hasattr(torch._C, n))
+    real = getattr(torch._C, name)
+    armed, seen = [], []
+    def calls_back(conf):
+        if armed:
             try:
                 sys.modules["allocconf"].status()
             except RuntimeError as exc:
                 seen.append(str(exc))
-            return real(conf)
-        setattr(torch._C, name, calls_back)
+                if armed == ["raise"]:
+                    raise
+        return real(conf)
+    setattr(torch._C, name, calls_back)
+"""
+
+
+def test_setter_calling_back_into_allocconf_is_refused_not_deadlocked():
+    out = run_json(CALLS_BACK, """
+        armed.append("catch")
         import allocconf
         print(json.dumps(seen))
     """, timeout=60)
     assert len(out) == 1 and "called from inside torch's allocator" in out[0]
+
+
+def test_a_setter_calling_back_is_not_called_torchs_refusal():
+    out = run_json(CALLS_BACK, """
+        import allocconf
+        armed.append("raise")
+        got = []
+        for act in (lambda: allocconf.configure(max_split_size_mb=128),
+                    lambda: allocconf.ipc_safe().__enter__()):
+            try:
+                act()
+                got.append(None)
+            except Exception as exc:
+                got.append([type(exc).__name__, str(exc),
+                            str(exc.__cause__)])
+        armed.clear()
+        print(json.dumps([got, allocconf.status().window_depth]))
+    """, timeout=60)
+    got, depth = out
+    assert depth == 0
+    for kind, text, cause in got:
+        assert kind == "RuntimeError"
+        assert text.startswith("allocconf: torch's setter called back into "
+                               "allocconf")
+        assert "refused" not in text
+        assert "called from inside torch's allocator setter" in cause
 
 
 def test_a_window_restores_what_torch_held_as_the_docs_say():
@@ -253,9 +290,8 @@ def test_a_window_restores_what_torch_held_as_the_docs_say():
     # front of the string torch held before (README, docs/api.md).
     import os
 
-    from helpers import TESTS_DIR, torch_facts
-    if not torch_facts()["getter"]:
-        pytest.skip("torch before 2.13 has no getter to compare with")
+    from helpers import TESTS_DIR, needs_getter
+    needs_getter()
     out = run_json("""
         import allocconf, torch
         get = torch._C._accelerator_getAllocatorSettings
