@@ -32,10 +32,12 @@ def test_one_line_per_problem_each_saying_whose():
     assert lines, err
     assert all("allocconf" in ln for ln in lines), err
     assert err.count("PYTORCH_ALLOC_CONF") == 1, err
-    # Advice alone (no warning): printed by no one unless logging is set
-    # up, then once, through the user's handler, naming the logger.
+    # Advice alone (no warning): one line, saying whose, with or without
+    # logging set up.
     env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}
-    assert _stderr_of("import allocconf, torch", env) == ""
+    err = _stderr_of("import allocconf, torch", env)
+    assert err.startswith("allocconf: max_split_size_mb is set"), err
+    assert err.count("\n") == 1, err
     err = _stderr_of("import logging; logging.basicConfig()\n"
                      "import allocconf, torch", env)
     assert err.count("max_split_size_mb is set") == 1, err

@@ -309,25 +309,15 @@ def __getattr__(name: str) -> Any:
 def _log(level: int, msg: str, *args: Any) -> bool:
     """Log to the "allocconf" logger at `level` (logging's numbers),
     importing logging only when torch (which imports it anyway) or the
-    user already has.  The logger has a NullHandler, so that nothing
-    reaches logging's last-resort handler (a bare line on stderr, the same
-    problem a second time next to its warning): records go to the
-    handlers the user configured.  Returns whether there is one."""
+    user already has.  Returns whether it logged.  Where nothing is set
+    up, logging's last-resort handler prints WARNING records as they are,
+    so each message says itself that it is allocconf's."""
     if "logging" not in sys.modules:
         return False
     import logging
 
-    logger = logging.getLogger("allocconf")
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-    logger.log(level, msg, *args)
-    found: Optional[logging.Logger] = logger
-    while found is not None:
-        if any(not isinstance(h, logging.NullHandler)
-               for h in found.handlers):
-            return True
-        found = found.parent if found.propagate else None
-    return False
+    logging.getLogger("allocconf").log(level, msg, *args)
+    return True
 
 
 def _stacklevel() -> int:
@@ -370,7 +360,10 @@ def _attach(torch: ModuleType) -> List[str]:
         _log(20, "%s; config %r via %s", st["reason"], st["config"],
              st["api"])  # INFO
         for advice in st["advice"]:
-            _log(30, "%s", advice)  # WARNING
+            # An opt-out torch does not see was given as an
+            # AllocConfWarning already: once per problem.
+            if "honoured as an opt-out" not in advice:
+                _log(30, "allocconf: %s", advice)  # WARNING
     except Exception as exc:
         return [f"allocconf: could not attach to torch: {exc!r}; the "
                 f"allocator was left as it was"]
@@ -402,8 +395,8 @@ def _give(messages: List[str]) -> None:
     """Give warnings from inside an import (allocconf's own, torch's or a
     neighbour's), pointing at the user's import line: one the filters
     turn into an exception (``-W error``) is kept in status().warnings and
-    goes to the "allocconf" logger, or to stderr when no handler takes it,
-    so that it is said once and the import completes."""
+    goes to the "allocconf" logger (stderr where logging is not
+    imported), so that it is said once and the import completes."""
     for message in messages:
         try:
             warnings.warn(message, AllocConfWarning,
