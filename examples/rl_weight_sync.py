@@ -25,6 +25,7 @@ into them.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import allocconf  # first: expandable segments on for the whole process
@@ -80,7 +81,16 @@ def main() -> int:
                     help="write straight into the worker's weights "
                          "(Writer/Targets) instead of through buffers")
     args = ap.parse_args()
-    assert allocconf.status().expandable_segments, allocconf.status().reason
+    if not torch.cuda.is_available():
+        print(f"rl_weight_sync.py: needs a CUDA GPU, and torch "
+              f"{torch.__version__} sees none (a CPU build, or no device "
+              f"or driver); nothing to sync", file=sys.stderr)
+        return 2
+    if not allocconf.status().expandable_segments:
+        print(f"rl_weight_sync.py: shows ipc_safe() next to expandable "
+              f"segments, which are off here: {allocconf.status().reason}",
+              file=sys.stderr)
+        return 2
 
     model = make_model(args.layers, args.width, "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -230,3 +230,13 @@ def test_every_relative_link_of_a_page_leads_to_a_file():
             if not os.path.exists(path):
                 broken.append(f"{os.path.relpath(page, ROOT)}: {target}")
     assert broken == []
+
+
+def test_the_readme_says_why_the_ray_test_may_skip():
+    readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
+    assert "Ray is not in the test extras" in readme
+    assert "`tests/test_transfer_ray.py` skips without it" in readme
+    assert "`pip install ray`" in readme
+    # ... and the test's skip says the same.
+    ray_test = _read(os.path.join(TESTS_DIR, "test_transfer_ray.py"))
+    assert 'importorskip("ray"' in ray_test

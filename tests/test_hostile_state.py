@@ -133,7 +133,8 @@ def test_a_second_module_state_is_refused():
         sys.modules["allocconf._C"] = first
         print(json.dumps([err, allocconf.status().window_depth]))
     """)
-    assert out[0].startswith("allocconf._C is already loaded in this process")
+    assert out[0].startswith(
+        "allocconf: allocconf._C is already loaded in this process")
     assert out[1] == 0
 
 
@@ -149,7 +150,8 @@ def test_a_sub_interpreter_gets_no_second_state():
         print(json.dumps(_testcapi.run_in_subinterp(code)))
     """, check=True)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) != 0
-    assert "already loaded in this process" in proc.stderr
+    assert "already imported by another interpreter of this process" \
+        in proc.stderr
 
 
 # -- fork ---------------------------------------------------------------------

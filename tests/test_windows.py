@@ -227,21 +227,91 @@ def test_torch_refusing_a_window_write_leaves_the_window_closed():
                    "live": "expandable_segments:True", "depth": 0}
 
 
-def test_setter_calling_back_into_allocconf_is_refused_not_deadlocked():
-    out = run_json("""
-        import torch
-        from helpers import recorder
-        name = next(n for n in recorder.NAMES if hasattr(torch._C, n))
-        real = getattr(torch._C, name)
-        seen = []
-        def calls_back(conf):
+# torch's setter replaced, before allocconf attaches, by one that calls
+# allocconf back while `armed` says so: catching the RuntimeError it gets
+# ("catch"), or letting it fail the write ("raise").
+CALLS_BACK = """
+    import torch
+    from helpers import recorder
+    name = next(n for n in recorder.NAMES if hasattr(torch._C, n))
+    real = getattr(torch._C, name)
+    armed, seen = [], []
+    def calls_back(conf):
+        if armed:
             try:
                 sys.modules["allocconf"].status()
             except RuntimeError as exc:
                 seen.append(str(exc))
-            return real(conf)
-        setattr(torch._C, name, calls_back)
+                if armed == ["raise"]:
+                    raise
+        return real(conf)
+    setattr(torch._C, name, calls_back)
+"""
+
+
+def test_setter_calling_back_into_allocconf_is_refused_not_deadlocked():
+    out = run_json(CALLS_BACK, """
+        armed.append("catch")
         import allocconf
         print(json.dumps(seen))
     """, timeout=60)
     assert len(out) == 1 and "called from inside torch's allocator" in out[0]
+
+
+def test_a_setter_calling_back_is_not_called_torchs_refusal():
+    out = run_json(CALLS_BACK, """
+        import allocconf
+        armed.append("raise")
+        got = []
+        for act in (lambda: allocconf.configure(max_split_size_mb=128),
+                    lambda: allocconf.ipc_safe().__enter__()):
+            try:
+                act()
+                got.append(None)
+            except Exception as exc:
+                got.append([type(exc).__name__, str(exc),
+                            str(exc.__cause__)])
+        armed.clear()
+        print(json.dumps([got, allocconf.status().window_depth]))
+    """, timeout=60)
+    got, depth = out
+    assert depth == 0
+    for kind, text, cause in got:
+        assert kind == "RuntimeError"
+        assert text.startswith("allocconf: torch's setter called back into "
+                               "allocconf")
+        assert "refused" not in text
+        assert "called from inside torch's allocator setter" in cause
+
+
+def test_a_window_restores_what_torch_held_as_the_docs_say():
+    # torch keeps expandable_segments across writes: after a window that
+    # turned it on, the restore must name it, at torch's default, in
+    # front of the string torch held before (README, docs/api.md).
+    import os
+
+    from helpers import TESTS_DIR, needs_getter
+    needs_getter()
+    out = run_json("""
+        import allocconf, torch
+        get = torch._C._accelerator_getAllocatorSettings
+        before = get()
+        with allocconf.expandable_segments(True):
+            inside = get()
+        print(json.dumps([before, inside, get(),
+                          allocconf.status().config]))
+    """, env={"ALLOCCONF_AUTO": "0",
+              "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    before, inside, after, config = out
+    assert before == "max_split_size_mb:64"
+    assert "expandable_segments:True" in inside
+    assert after == config == "expandable_segments:False," + before
+    root = os.path.dirname(TESTS_DIR)
+    for page in ("README.md", os.path.join("docs", "api.md")):
+        with open(os.path.join(root, page), encoding="utf-8") as f:
+            text = " ".join(f.read().split())
+        assert "`expandable_segments:False,` then the previous string" \
+            in text or "`expandable_segments:False,max_split_size_mb:64` " \
+            "where torch held `max_split_size_mb:64`" in text, page
+        assert "restores the previous configuration, string for string" \
+            not in text, page

@@ -9,6 +9,8 @@
 #include "state/layers.h"
 #include "torchio/torch.h"
 
+#include <string.h>
+
 /* A new str saying why expandable segments are or are not on. */
 static PyObject *
 reason_locked(ac_state *st)
@@ -23,8 +25,9 @@ reason_locked(ac_state *st)
                                     src, st->block_detail, "?");
     case AC_BLOCK_ASYNC:
         return PyUnicode_FromFormat(
-            "%V: that backend has no expandable segments; allocconf "
-            "writes nothing",
+            "%V: that backend has no expandable segments; allocconf turns "
+            "nothing on and writes only what configure() or another "
+            "component gives it",
             st->block_detail, "backend");
     case AC_BLOCK_PLATFORM:
         return PyUnicode_FromString(
@@ -129,8 +132,8 @@ names_of(unsigned reads)
 
 /* Append to `list` a line for each variable set when the environment was
  * last read that this torch does not apply: it does not read it, or it
- * takes an earlier one that is set.  Its settings apply nowhere.  0 or
- * -1. */
+ * takes an earlier one that is set, holding another string.  Its
+ * settings apply nowhere.  0 or -1. */
 static int
 unapplied_advice_locked(ac_state *st, PyObject *list)
 {
@@ -156,7 +159,12 @@ unapplied_advice_locked(ac_state *st, PyObject *list)
             st->opt_out == ac_env_vars[i]
                 ? "; its expandable_segments:False is honoured as an opt-out"
                 : "";
-        if (i == first || !PyBytes_Check(v)) {
+        /* One holding the very string torch applies loses nothing
+         * (child_env() writes every variable set alike). */
+        if (i == first || !PyBytes_Check(v) ||
+            (first >= 0 &&
+             strcmp(PyBytes_AS_STRING(v), PyBytes_AS_STRING(PyTuple_GET_ITEM(
+                                              st->env_seen, first))) == 0)) {
             continue;
         }
         if (!(st->reads & (1u << i))) {
@@ -286,8 +294,8 @@ ac_status(ac_state *st)
         size_t i;
 
         values[AC_KEY_APPLIED] =
-            (st->attached && st->block == AC_OK && st->writes > 0) ? Py_True
-                                                                   : Py_False;
+            (st->attached && ac_may_write(st) && st->writes > 0) ? Py_True
+                                                                 : Py_False;
         values[AC_KEY_REASON] = reason;
         values[AC_KEY_EXPANDABLE] = es;
         values[AC_KEY_CONFIG] = config ? config : Py_None;
@@ -334,7 +342,7 @@ done:
 static PyObject *
 export_base_locked(const ac_state *st)
 {
-    if (st->block != AC_OK || st->str_base == NULL) {
+    if (!ac_may_write(st) || st->str_base == NULL) {
         return Py_None;
     }
     return st->base_es == 1 ? st->str_base : st->str_off;

@@ -46,6 +46,7 @@ ac_window(ac_state *st, int enabled, int enter)
     Py_ssize_t *total, *mine;
     PyObject *exc = NULL, *target = NULL;
     unsigned mask;
+    int reentered = 0;
 
     /* What torch holds now, in case a write went past allocconf: the
      * window builds on it, and gives it back when it closes. */
@@ -73,6 +74,7 @@ ac_window(ac_state *st, int enabled, int enter)
                                  : "window closed") < 0) {
         exc = PyErr_GetRaisedException();
         target = Py_NewRef(ac_target_locked(st, &mask));
+        reentered = st->reentered;
         if (enter) { /* not opened after all */
             (*total)--;
             (*mine)--;
@@ -81,7 +83,7 @@ ac_window(ac_state *st, int enabled, int enter)
     ac_opener_tidy(st, o);
     ac_unlock(st);
     if (exc != NULL) {
-        ac_raise_refused(st, target, exc);
+        ac_raise_write_failed(st, target, exc, reentered);
         Py_DECREF(target);
         return -1;
     }

@@ -15,6 +15,7 @@ typedef struct {
     PyObject *refusal;   /* allocconf's reason, or NULL */
     PyObject *torch_exc; /* torch's exception, or NULL */
     PyObject *target;    /* the string torch refused, or NULL */
+    int reentered;       /* the setter called back into allocconf */
 } outcome;
 
 static PyObject *
@@ -46,11 +47,16 @@ configure_locked(ac_state *st, const ac_conf *add, const ac_conf *patch,
     if (ac_apply_locked(st, &n, "configure() wrote") < 0) {
         o->torch_exc = PyErr_GetRaisedException();
         o->target = Py_NewRef(ac_next_target(st, &n));
+        o->reentered = st->reentered;
         goto done;
     }
     Py_XSETREF(st->writer, Py_NewRef(writer));
     st->configured = 1;
-    result = Py_NewRef(st->str_base);
+    /* What was written (or will be, once torch is imported); where
+     * allocconf writes nothing, what torch holds. */
+    result = Py_NewRef(st->attached && !ac_may_write(st) && st->in_force
+                           ? st->in_force
+                           : st->str_base);
 done:
     ac_next_clear(&n);
     return result;
@@ -60,7 +66,7 @@ PyObject *
 ac_configure(ac_state *st, PyObject *conf, const ac_conf *patch)
 {
     ac_conf add = {NULL, 0, 0};
-    outcome o = {NULL, NULL, NULL};
+    outcome o = {NULL, NULL, NULL, 0};
     PyObject *result = NULL, *writer;
     ac_error err;
 
@@ -85,7 +91,7 @@ ac_configure(ac_state *st, PyObject *conf, const ac_conf *patch)
         ac_raise_plain(st, o.refusal, NULL);
     }
     if (o.target != NULL) {
-        ac_raise_refused(st, o.target, o.torch_exc);
+        ac_raise_write_failed(st, o.target, o.torch_exc, o.reentered);
         Py_DECREF(o.target);
     }
     Py_XDECREF(writer);
@@ -145,7 +151,7 @@ ac_foreign_write(ac_state *st, PyObject *writer, PyObject *s)
         ac_conf_clear(&parsed);
         return NULL;
     }
-    if (!st->attached || st->block != AC_OK || st->setter == NULL) {
+    if (!st->attached || !ac_may_write(st) || st->setter == NULL) {
         /* allocconf writes nothing here: the caller calls torch itself. */
         result = Py_NewRef(Py_NotImplemented);
     }

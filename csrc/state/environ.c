@@ -331,15 +331,16 @@ ac_load_locked(ac_state *st, PyObject *warnings)
     const char *name = NULL, *value = NULL;
     ac_conf parsed = {NULL, 0, 0};
     PyObject *raw = NULL, *snap = NULL, *detail = NULL;
-    ac_block block = AC_OK;
-    int valid, auto_on, debug, step_back, keep_foreign, export_env, first;
+    ac_block block = AC_OK, old_block;
+    int auto_on, debug, step_back, keep_foreign, export_env, first;
 
     snap = ac_env_snapshot();
     if (snap == NULL) {
         return -1;
     }
-    debug = env_flag("ALLOCCONF_DEBUG", 0, &valid);
-    if (read_switch("ALLOCCONF_AUTO", 1, "import-time activation stays on",
+    if (read_switch("ALLOCCONF_DEBUG", 0, "tracing stays off", &debug,
+                    warnings) < 0 ||
+        read_switch("ALLOCCONF_AUTO", 1, "import-time activation stays on",
                     &auto_on, warnings) < 0 ||
         read_switch("ALLOCCONF_STEP_BACK", 1,
                     "the default still steps back for neighbours", &step_back,
@@ -375,12 +376,15 @@ ac_load_locked(ac_state *st, PyObject *warnings)
     raw = PyUnicode_DecodeUTF8(value ? value : "",
                                value ? (Py_ssize_t)strlen(value) : 0,
                                "surrogateescape");
+    /* The block first: the strings built in adopting follow it. */
+    old_block = st->block;
+    st->block = block;
     if (raw == NULL ||
         ac_adopt_user_locked(st, &parsed, raw, auto_on, name) < 0) {
+        st->block = old_block;
         goto error;
     }
     /* Nothing can fail from here: the state changes all at once. */
-    st->block = block;
     Py_XSETREF(st->block_detail, detail);
     Py_XSETREF(st->env_raw, raw);
     Py_XSETREF(st->env_seen, snap);

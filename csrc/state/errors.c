@@ -177,6 +177,30 @@ ac_raise_refused(ac_state *st, PyObject *target, PyObject *exc)
     Py_XDECREF(exc);
 }
 
+void
+ac_raise_write_failed(ac_state *st, PyObject *target, PyObject *exc,
+                      int reentered)
+{
+    PyObject *err;
+
+    if (!reentered) {
+        ac_raise_refused(st, target, exc);
+        return;
+    }
+    PyErr_Format(PyExc_RuntimeError,
+                 "allocconf: torch's setter called back into allocconf "
+                 "while allocconf was writing '%U' through it, and the write "
+                 "failed; nothing changed. Call allocconf after the setter "
+                 "returns, not from inside it",
+                 target);
+    err = PyErr_GetRaisedException();
+    if (err != NULL && exc != NULL) {
+        PyException_SetCause(err, Py_NewRef(exc)); /* steals */
+    }
+    PyErr_SetRaisedException(err);
+    Py_XDECREF(exc);
+}
+
 int
 ac_clear_ordinary(void)
 {

@@ -29,6 +29,13 @@ void ac_raise_plain(ac_state *st, PyObject *msg, PyObject *cause);
  * own exception `exc` (consumed) its cause. */
 void ac_raise_refused(ac_state *st, PyObject *target, PyObject *exc);
 
+/* Raise for a write of `target` that failed with `exc` (consumed): the
+ * AllocConfError of ac_raise_refused, or, when the setter had called back
+ * into allocconf (`reentered`), a RuntimeError saying so, `exc` its
+ * cause: allocconf's own guard failed the write, not torch. */
+void ac_raise_write_failed(ac_state *st, PyObject *target, PyObject *exc,
+                           int reentered);
+
 /* With an error set: clear it when it is an ordinary one (an Exception
  * other than MemoryError: a torch attribute that raises, say) and return
  * 1; leave it set and return 0 for the others (KeyboardInterrupt,

@@ -91,14 +91,35 @@ static int
 default_on(const ac_state *st)
 {
     return st->auto_on && st->stepped_back == NULL && st->opt_out == NULL &&
-           st->refused == NULL;
+           st->refused == NULL && st->block != AC_BLOCK_ASYNC;
 }
 
-/* A new str: c with expandable_segments set to es (-1: as it is),
- * backend left out (torch reads it once, at load); *mask its sticky
- * keys.  NULL on error. */
+/* Whether torch's CUDA allocator loaded an asynchronous backend
+ * (backend:cudaMallocAsync): it has no expandable segments, so windows
+ * write nothing, and only a backend key saying so can be written. */
+static int
+async_loaded(const ac_state *st)
+{
+    return st->block == AC_BLOCK_ASYNC;
+}
+
+/* Whether c's backend key (if any) may be written to a torch whose CUDA
+ * allocator loaded an asynchronous backend (`async`) or not: torch
+ * accepts the backend it loaded and refuses any other at run time, so a
+ * backend key read from a variable that allocator does not read stays
+ * out. */
+static int
+backend_fits(const ac_conf *c, int async)
+{
+    const char *b = ac_conf_get(c, "backend");
+    return b == NULL || (strcmp(b, "native") != 0) == async;
+}
+
+/* A new str: c with expandable_segments set to es (-1: as it is), its
+ * backend kept where it fits (backend_fits: torch's getter then says it
+ * as the user wrote it); *mask its sticky keys.  NULL on error. */
 static PyObject *
-with_es(const ac_conf *c, int es, unsigned *mask)
+with_es(const ac_conf *c, int es, int async, unsigned *mask)
 {
     ac_conf tmp = {NULL, 0, 0};
     char *s;
@@ -111,7 +132,7 @@ with_es(const ac_conf *c, int es, unsigned *mask)
         return PyErr_NoMemory();
     }
     *mask = ac_sticky_mask(&tmp);
-    s = ac_conf_serialise(&tmp, "backend");
+    s = ac_conf_serialise(&tmp, backend_fits(&tmp, async) ? NULL : "backend");
     ac_conf_clear(&tmp);
     if (s == NULL) {
         return PyErr_NoMemory();
@@ -132,9 +153,11 @@ strings_clear(ac_next *n)
 /* Build n's strings from its layers.  The layers' own expandable_segments
  * wins; otherwise `dflt` puts True in.  When only the user's layer counts
  * and nothing is added, base is the user's string itself, so that a
- * restore gives back exactly what the user wrote.  0 or -1. */
+ * restore gives back exactly what the user wrote.  Under an asynchronous
+ * backend (`async`) the windows' strings are base itself: there is
+ * nothing to hold.  0 or -1. */
 static int
-build_strings(ac_next *n, int dflt)
+build_strings(ac_next *n, int dflt, int async)
 {
     ac_conf all = {NULL, 0, 0};
     PyObject *raw = !n->whole && n->foreign.len == 0 ? n->user_raw : NULL;
@@ -146,20 +169,21 @@ build_strings(ac_next *n, int dflt)
     }
     es = ac_conf_es(&all);
     n->base_es = es >= 0 ? es : (dflt ? 1 : -1);
-    if (raw != NULL && n->base_es == es &&
-        ac_conf_get(&all, "backend") == NULL) {
+    if (raw != NULL && n->base_es == es && backend_fits(&all, async)) {
         n->base = Py_NewRef(raw);
         n->mask_base = ac_sticky_mask(&all);
     }
     else {
-        n->base = with_es(&all, n->base_es, &n->mask_base);
+        n->base = with_es(&all, n->base_es, async, &n->mask_base);
     }
     if (n->base != NULL) {
         n->mask_on = n->mask_off = n->mask_base;
-        n->on = n->base_es == 1 ? Py_NewRef(n->base)
-                                : with_es(&all, 1, &n->mask_on);
-        n->off = n->base_es == 0 ? Py_NewRef(n->base)
-                                 : with_es(&all, 0, &n->mask_off);
+        n->on = n->base_es == 1 || async
+                    ? Py_NewRef(n->base)
+                    : with_es(&all, 1, async, &n->mask_on);
+        n->off = n->base_es == 0 || async
+                     ? Py_NewRef(n->base)
+                     : with_es(&all, 0, async, &n->mask_off);
         rc = n->on == NULL || n->off == NULL ? -1 : 0;
     }
     if (rc < 0) {
@@ -230,7 +254,7 @@ ac_adopt_user_locked(ac_state *st, ac_conf *parsed, PyObject *raw, int auto_on,
     }
     else {
         n.whole = st->whole;
-        rc = build_strings(&n, default_on(st));
+        rc = build_strings(&n, default_on(st), async_loaded(st));
     }
     if (rc < 0) {
         st->auto_on = old_auto;
@@ -250,7 +274,7 @@ ac_rebuild_locked(ac_state *st)
     int rc = next_of_state(st, &n);
 
     if (rc == 0) {
-        rc = build_strings(&n, default_on(st));
+        rc = build_strings(&n, default_on(st), async_loaded(st));
     }
     if (rc == 0) {
         ac_next_swap(st, &n);
@@ -346,8 +370,9 @@ ac_next_configure(ac_state *st, const ac_conf *add, const ac_conf *patch,
         return -1;
     }
     n->whole = 0; /* the user's layer is the floor again */
-    n->user_raw = ac_checked_string(st, &n->user, "backend");
-    if (n->user_raw == NULL || build_strings(n, default_on(st)) < 0) {
+    n->user_raw = ac_checked_string(st, &n->user, NULL);
+    if (n->user_raw == NULL ||
+        build_strings(n, default_on(st), async_loaded(st)) < 0) {
         return -1;
     }
     *refusal = configure_refusal(st, &n->user, n->mask_base);
@@ -366,7 +391,7 @@ ac_next_foreign(ac_state *st, const ac_conf *s, ac_next *n)
     }
     n->whole = st->whole;
     n->user_raw = Py_XNewRef(st->user_raw);
-    return build_strings(n, default_on(st));
+    return build_strings(n, default_on(st), async_loaded(st));
 }
 
 int
@@ -390,7 +415,7 @@ ac_next_unseen(ac_state *st, const ac_conf *held, ac_next *n)
         return -1;
     }
     n->user_raw = Py_XNewRef(st->user_raw);
-    return build_strings(n, default_on(st));
+    return build_strings(n, default_on(st), async_loaded(st));
 }
 
 int
@@ -404,5 +429,5 @@ ac_next_fall_back(ac_state *st, const ac_conf *held, ac_next *n)
     n->whole = 1;
     n->user_raw = Py_XNewRef(st->user_raw);
     /* No default of allocconf's on top: torch holds what it holds. */
-    return build_strings(n, 0);
+    return build_strings(n, 0, async_loaded(st));
 }

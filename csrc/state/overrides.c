@@ -1,8 +1,10 @@
 /*
  * overrides.c -- from Python values to configuration text.
  *
- * A value is a str, a bool ("True"/"False"), an int, a float (its repr,
- * "1e-05" included), None (remove the key), or for a list value such as
+ * A value is a str, a bool ("True"/"False", numpy.bool_ too), an integer
+ * (an int, or anything operator.index takes: numpy.int64), a real
+ * (anything float() takes: its float's repr, "1e-05" included), None
+ * (remove the key), or for a list value such as
  * roundup_power2_divisions a dict {256: 1, ">": 8} or a sequence of
  * pairs.  Everything here may run user code (a key's or value's
  * __str__), so it runs before the state lock is taken, and it holds
@@ -17,23 +19,58 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A new str for a scalar: a str as it is, a bool as True/False, an int
- * in decimal (whatever its subclass's __str__ says), anything else its
- * str().  NULL on error. */
+/* numpy.bool_ (numpy.bool on numpy 2), which is no bool subclass and
+ * which operator.index refuses, told by its type's name: numpy is never
+ * imported here. */
+static int
+is_numpy_bool(PyObject *v)
+{
+    const char *name = Py_TYPE(v)->tp_name;
+    return strcmp(name, "numpy.bool") == 0 || strcmp(name, "numpy.bool_") == 0;
+}
+
+/* Whether v is a number a value can be: an integer (operator.index takes
+ * it) or a real (float() takes it), a str never. */
+static int
+is_number(PyObject *v)
+{
+    PyNumberMethods *nb = Py_TYPE(v)->tp_as_number;
+    return !PyUnicode_Check(v) &&
+           (PyIndex_Check(v) || (nb != NULL && nb->nb_float != NULL));
+}
+
+/* A new str for a number: an integer in decimal (whatever a subclass's
+ * __str__ says), a real as its float's repr.  NULL on error. */
+static PyObject *
+number_text(PyObject *v)
+{
+    PyObject *n = PyIndex_Check(v) ? PyNumber_Index(v) : PyNumber_Float(v);
+    PyObject *r;
+
+    if (n == NULL) {
+        return NULL;
+    }
+    r = PyLong_Check(n) ? PyLong_Type.tp_repr(n) : PyFloat_Type.tp_repr(n);
+    Py_DECREF(n);
+    return r;
+}
+
+/* A new str for a scalar: a str as it is, a boolean as True/False, a
+ * number as number_text says, anything else its str().  NULL on
+ * error. */
 static PyObject *
 scalar_text(PyObject *v)
 {
     if (PyUnicode_Check(v)) {
         return Py_NewRef(v);
     }
-    if (PyBool_Check(v)) {
-        return PyUnicode_FromString(v == Py_True ? "True" : "False");
+    if (PyBool_Check(v) || is_numpy_bool(v)) {
+        int truth = PyObject_IsTrue(v);
+        return truth < 0 ? NULL
+                         : PyUnicode_FromString(truth ? "True" : "False");
     }
-    if (PyLong_Check(v)) {
-        return PyLong_Type.tp_repr(v);
-    }
-    if (PyFloat_Check(v)) {
-        return PyFloat_Type.tp_repr(v);
+    if (is_number(v)) {
+        return number_text(v);
     }
     return PyObject_Str(v);
 }
@@ -136,7 +173,7 @@ override_text(ac_state *st, const char *key, PyObject *value, char **norm)
         text = PyUnicode_FromString("None");
     }
     else if (PyUnicode_Check(value) || PyBool_Check(value) ||
-             PyLong_Check(value) || PyFloat_Check(value)) {
+             is_numpy_bool(value) || is_number(value)) {
         text = scalar_text(value);
     }
     else if (PyDict_Check(value) || PyList_Check(value) ||
@@ -145,8 +182,8 @@ override_text(ac_state *st, const char *key, PyObject *value, char **norm)
     }
     else {
         PyErr_Format(PyExc_TypeError,
-                     "allocconf: %s: a value must be a str, bool, int, "
-                     "float, dict or list, not %.100s",
+                     "allocconf: %s: a value must be a str, a bool, an "
+                     "integer, a real number, a dict or a list, not %.100s",
                      key, Py_TYPE(value)->tp_name);
         return -1;
     }

@@ -46,13 +46,31 @@ ac_state_init(ac_state *st)
 #undef AC_NAME_FIELD
     size_t i;
 
+    int64_t interp = PyInterpreterState_GetID(PyInterpreterState_Get());
+
+    if (interp < 0) {
+        return -1;
+    }
+    if (claimed != NULL && claimed->interp != interp) {
+        /* `interp` of the claimed state is written once, at its init. */
+        PyErr_Format(
+            PyExc_ImportError,
+            "allocconf: already imported by another interpreter of this "
+            "process (interpreter %lld; this is interpreter %lld); torch's "
+            "allocator is one per process, so allocconf keeps one state, "
+            "in the interpreter that imported it first. Import allocconf "
+            "in one interpreter only (the main one, before any "
+            "sub-interpreter does)",
+            (long long)claimed->interp, (long long)interp);
+        return -1;
+    }
     if (claimed != NULL) {
         PyErr_SetString(
             PyExc_ImportError,
-            "allocconf._C is already loaded in this process (imported "
-            "again after being removed from sys.modules, or from another "
-            "interpreter); torch's allocator is one per process, so "
-            "allocconf keeps one state: use the module already loaded");
+            "allocconf: allocconf._C is already loaded in this process "
+            "(imported again after being removed from sys.modules); "
+            "torch's allocator is one per process, so allocconf keeps one "
+            "state: use the module already loaded");
         return -1;
     }
     if (lock_alloc(st) < 0) {
@@ -73,6 +91,7 @@ ac_state_init(ac_state *st)
     st->keep_foreign = 1;
     st->base_es = -1;
     st->pid = getpid();
+    st->interp = interp;
     claimed = st;
     return 0;
 }
@@ -142,9 +161,12 @@ ac_lock(ac_state *st)
     /* `owner` is written only by the thread holding the lock, and read
      * here with the GIL held, so equality with our own ident is exact. */
     if (st->owner == me) {
+        /* This thread holds the lock: writing the field is safe. */
+        st->reentered = 1;
         PyErr_SetString(PyExc_RuntimeError,
-                        "allocconf was called from inside torch's allocator "
-                        "setter while it was writing; call it afterwards");
+                        "allocconf: called from inside torch's allocator "
+                        "setter while allocconf was writing through it; call "
+                        "allocconf after the setter returns");
         return -1;
     }
 #if PY_VERSION_HEX >= 0x030D0000

@@ -20,6 +20,7 @@
 #include "grammar/conf.h"
 
 #include <pythread.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* Why allocconf writes nothing to torch (0 when it may write). */
@@ -123,8 +124,11 @@ typedef struct {
 #else
     PyThread_type_lock mutex;
 #endif
-    unsigned long owner;             /* thread ident holding the lock, or 0 */
-    pid_t pid;                       /* the process this state is in */
+    unsigned long owner; /* thread ident holding the lock, or 0 */
+    int reentered;       /* the lock's owner called back into allocconf (from
+                            torch's setter) since the last setter call began */
+    pid_t pid;           /* the process this state is in */
+    int64_t interp;      /* the id of the interpreter that made it */
     PyObject *status_keys[AC_NKEYS]; /* interned field names of status() */
     AC_OWNED_FIELDS(AC_DECLARE_FIELD)
 
@@ -177,6 +181,16 @@ typedef struct {
 
 #undef AC_DECLARE_FIELD
 
+/* Whether allocconf writes to torch at all: not under a block, except
+ * backend:cudaMallocAsync, where it writes what configure() and other
+ * components give it (the backend named as torch loaded it) and never
+ * expandable segments of its own (layers.c).  Lock held. */
+static inline int
+ac_may_write(const ac_state *st)
+{
+    return st->block == AC_OK || st->block == AC_BLOCK_ASYNC;
+}
+
 /* Set up a zeroed state at module exec: the lock, the interned names, and
  * the claim that makes it the process's only one.  0, or -1 with an
  * exception set (ImportError when another state is alive). */
@@ -189,7 +203,7 @@ void ac_state_free(ac_state *st);
 
 /* Lock the state.  Returns 0, or -1 with RuntimeError set when this
  * thread already holds it (a torch setter that calls back into
- * allocconf). */
+ * allocconf), noting that in `reentered`. */
 int ac_lock(ac_state *st);
 void ac_unlock(ac_state *st);
 

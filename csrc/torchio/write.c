@@ -56,6 +56,7 @@ call_setter(ac_state *st, PyObject *s)
     PyObject *r;
 
     st->seq++;
+    st->reentered = 0;
     r = PyObject_CallOneArg(st->setter, s);
     st->seq++;
     if (r == NULL) {
@@ -103,7 +104,7 @@ ac_sync_locked(ac_state *st, const char *why)
     unsigned mask, named;
     PyObject *target = ac_target_locked(st, &mask), *write;
 
-    if (!st->attached || st->block != AC_OK || st->setter == NULL ||
+    if (!st->attached || !ac_may_write(st) || st->setter == NULL ||
         target == NULL) {
         return 0;
     }
@@ -206,7 +207,7 @@ ac_take_reading_locked(ac_state *st, const ac_reading *r)
     PyObject *writer;
 
     if (r->held == NULL || r->seq != st->seq || st->in_force == NULL ||
-        !st->attached || st->block != AC_OK ||
+        !st->attached || !ac_may_write(st) ||
         PyUnicode_Compare(r->held, st->in_force) == 0) {
         return 0;
     }

@@ -182,8 +182,11 @@ class expandable_segments(_Decorates, _C.Window):
     stay off while any ``ipc_safe(scope="process")`` /
     ``expandable_segments(False)`` window is open anywhere in the process,
     and the configuration from before the outermost window comes back when
-    the last one closes, also when the block raises.  A window opened
-    before torch is imported holds when torch arrives.
+    the last one closes, also when the block raises: the same string, with
+    ``expandable_segments`` named at torch's default in front where the
+    window set it and that string left it out (torch keeps the key across
+    writes).  A window opened before torch is imported holds when torch
+    arrives.
 
     Only new allocations follow the setting: tensors allocated before the
     window stay where they are.  If torch refuses the write, entering
@@ -367,6 +370,11 @@ def ipc_capable(tensor: Any) -> bool:
     CUDA device or has no memory, RuntimeError when the driver cannot tell.
     """
     device = getattr(tensor, "device", None)
+    if device is None:
+        raise ValueError(
+            f"allocconf.ipc_capable: expected a CUDA tensor, got "
+            f"{type(tensor).__name__} (no device)"
+        )
     if getattr(device, "type", None) != "cuda":
         raise ValueError(
             f"allocconf.ipc_capable: expected a CUDA tensor, got one on "
@@ -434,19 +442,43 @@ def __getattr__(name: str) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def _log(level: int, msg: str, *args: Any) -> None:
+def _log(level: int, msg: str, *args: Any) -> bool:
     """Log to the "allocconf" logger at `level` (logging's numbers),
     importing logging only when torch (which imports it anyway) or the
-    user already has."""
-    if "logging" in sys.modules:
-        import logging
+    user already has.  Returns whether it logged.  Where nothing is set
+    up, logging's last-resort handler prints WARNING records as they are,
+    so each message says itself that it is allocconf's."""
+    if "logging" not in sys.modules:
+        return False
+    import logging
 
-        logging.getLogger("allocconf").log(level, msg, *args)
+    logging.getLogger("allocconf").log(level, msg, *args)
+    return True
+
+
+def _stacklevel() -> int:
+    """The stacklevel that makes warnings.warn, called by our caller,
+    point at the first frame outside allocconf (the user's `import`
+    line), counting frames as warnings.warn does: importlib's own
+    frames are skipped."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame: Any = sys._getframe(1)  # the frame that calls warnings.warn
+    level = 1
+    while frame is not None and \
+            os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame = frame.f_back
+        while frame is not None and "importlib" in frame.f_code.co_filename \
+                and "_bootstrap" in frame.f_code.co_filename:
+            frame = frame.f_back
+        level += 1
+    return level
 
 
 def _warn(messages: List[str]) -> None:
-    for message in messages:
-        warnings.warn(message, AllocConfWarning, stacklevel=3)
+    """Give import-time warnings; never raise (see _give)."""
+    _give(messages)
 
 
 def _attach(torch: ModuleType) -> List[str]:
@@ -465,7 +497,10 @@ def _attach(torch: ModuleType) -> List[str]:
         _log(20, "%s; config %r via %s", st["reason"], st["config"],
              st["api"])  # INFO
         for advice in st["advice"]:
-            _log(30, "%s", advice)  # WARNING
+            # An opt-out torch does not see was given as an
+            # AllocConfWarning already: once per problem.
+            if "honoured as an opt-out" not in advice:
+                _log(30, "allocconf: %s", advice)  # WARNING
     except Exception as exc:
         return [f"allocconf: could not attach to torch: {exc!r}; the "
                 f"allocator was left as it was"]
@@ -494,15 +529,19 @@ def _on_neighbour(module: ModuleType) -> None:
 
 
 def _give(messages: List[str]) -> None:
-    """Give warnings from inside someone else's import: one the filters
-    turn into an exception goes to the "allocconf" logger and is kept in
-    status().warnings instead."""
+    """Give warnings from inside an import (allocconf's own, torch's or a
+    neighbour's), pointing at the user's import line: one the filters
+    turn into an exception (``-W error``) is kept in status().warnings and
+    goes to the "allocconf" logger (stderr where logging is not
+    imported), so that it is said once and the import completes."""
     for message in messages:
         try:
-            warnings.warn(message, AllocConfWarning, stacklevel=3)
+            warnings.warn(message, AllocConfWarning,
+                          stacklevel=_stacklevel())
         except Exception:
             _KEPT.append(message)
-            _log(30, "%s", message)  # WARNING
+            if not _log(30, "%s", message):  # WARNING
+                sys.stderr.write(message + "\n")
 
 
 def _activate() -> List[str]:

@@ -28,7 +28,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     # before torch, as a user's script would.
     from allocconf import _report
 
-    report = _report.collect(probe=not args.no_probe)
+    # The report never dies of what it reports on: a warning the filters
+    # turn into an error (`-W error`) is printed as a warning instead.
+    # Its advice is printed as ADVICE: lines, not a second time by
+    # logging's last-resort handler.
+    import logging
+    import warnings
+
+    logging.getLogger("allocconf").addHandler(logging.NullHandler())
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        report = _report.collect(probe=not args.no_probe)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

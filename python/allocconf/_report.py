@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import allocconf
 from allocconf import _C
@@ -94,6 +94,7 @@ def collect(probe: bool = True) -> Dict[str, Any]:
                    "implementation": platform.python_implementation(),
                    "platform": sys.platform},
         "torch": None,
+        "torch_error": None,
         "backend": None,
         "config": None,
         "expandable_segments": None,
@@ -102,12 +103,10 @@ def collect(probe: bool = True) -> Dict[str, Any]:
         "segments": None,
         "probe": None,
     }
-    torch: Any
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    torch, report["torch_error"] = _import_torch()
     status = allocconf.status()
+    live: Optional[str] = None
+    live_error: Optional[str] = None
     if torch is not None:
         report["torch"] = dict(_torch_info(torch), setter=status.api)
         cuda = _call(lambda: bool(torch.cuda.is_available()), False)
@@ -116,15 +115,14 @@ def collect(probe: bool = True) -> Dict[str, Any]:
             report["probe"] = _call(lambda: _probe(torch), None)
         if cuda:
             report["segments"] = _call(lambda: _segments(torch), None)
-        live = _C._live_config(torch)
+        live, live_error = _live(torch)
         status = allocconf.status()
-    else:
-        live = None
     report["config"] = {
         "user": status.user_config,
         "source": status.source,
         "written": status.config if status.applied else None,
         "live": live,
+        "live_error": live_error,
         "readback": status.readback,
     }
     report["expandable_segments"] = {
@@ -137,6 +135,38 @@ def collect(probe: bool = True) -> Dict[str, Any]:
     report["variables"] = _variables()
     report["pidfd"]["advice"] = _pidfd_advice(report["pidfd"])
     return report
+
+
+def _import_torch() -> Tuple[Any, Optional[str]]:
+    """(torch, None), or (None, None) where torch is not installed, or
+    (None, the error) where importing it failed: an OSError for a missing
+    CUDA library, an ImportError raised inside torch, any error its
+    ``__init__`` raises.  The report names it instead of dying."""
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            return None, None
+        return None, f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return torch, None
+
+
+def _live(torch: Any) -> Tuple[Optional[str], Optional[str]]:
+    """(what torch holds, None), (None, None) where torch cannot tell, or
+    (None, the error) where its getter raised (torch 2.13+ parses a
+    malformed variable only when asked, and raises what the user's first
+    allocation will meet)."""
+    getter = _attr(_attr(torch, "_C"), "_accelerator_getAllocatorSettings")
+    if callable(getter):
+        try:
+            held = getter()
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return (held if isinstance(held, str) else None), None
+    live: Optional[str] = _C._live_config(torch)
+    return live, None
 
 
 def _neighbours_found(status: Any) -> List[Dict[str, Any]]:
@@ -164,18 +194,22 @@ def _neighbours_found(status: Any) -> List[Dict[str, Any]]:
 def _variables() -> Dict[str, Any]:
     """The variables torch may read that are set, whether they disagree
     (torch reads only the first it finds), and, once torch is imported,
-    those this torch does not read for CUDA at all (2.9 and older ignore
+    those whose settings apply nowhere, as status().advice says: this
+    torch does not read them for CUDA (2.9 and older ignore
     PYTORCH_ALLOC_CONF, and read PYTORCH_HIP_ALLOC_CONF on ROCm builds
-    only; csrc/state/environ.c)."""
+    only; csrc/state/environ.c), or it applies an earlier one that is
+    set, holding another string."""
     import os
 
     inner = _C._internals()
     found = {n: os.environ[n] for n in inner["variables"] if n in os.environ}
     reads = list(inner["reads"]) if inner["attached"] else None
+    applied = next((n for n in reads or () if n in found), None)
+    ignored = {n: v for n, v in found.items()
+               if reads is not None and n != applied
+               and (applied is None or v != found[applied])}
     return {"set": found, "conflict": len(set(found.values())) > 1,
-            "torch_reads": reads,
-            "ignored": {n: v for n, v in found.items()
-                        if reads is not None and n not in reads}}
+            "torch_reads": reads, "ignored": ignored}
 
 
 def _pidfd_advice(p: Dict[str, Any]) -> Optional[str]:
@@ -200,7 +234,9 @@ def render(r: Dict[str, Any]) -> str:
     add(f"allocconf {r['allocconf']['version']}  (Python "
         f"{r['python']['version']}, {r['python']['platform']})")
     t = r["torch"]
-    if t is None:
+    if t is None and r.get("torch_error"):
+        add(f"torch:        cannot be imported: {r['torch_error']}")
+    elif t is None:
         add("torch:        not installed")
     else:
         add(f"torch:        {t['version']} ({t['build']} build)")
@@ -210,9 +246,18 @@ def render(r: Dict[str, Any]) -> str:
     add(f"user config:  {c['user']!r} from {c['source'] or 'nowhere (unset)'}")
     add(f"written:      {c['written']!r}" if c["written"] is not None
         else "written:      nothing")
-    add(f"live:         {c['live']!r}" if c["live"] is not None
-        else "live:         torch cannot tell without CUDA initialised")
-    if c["readback"] is not None:
+    if c["live"] is not None:
+        add(f"live:         {c['live']!r}")
+    elif c.get("live_error"):
+        add(f"live:         torch's getter raised {c['live_error']}")
+    elif t is None:
+        add("live:         no torch to ask")
+    else:
+        add("live:         torch cannot tell without CUDA initialised")
+    if c.get("live_error") and c["readback"]:
+        add("readback:     no: torch has its getter, but it raises, so "
+            "windows and status() act on what allocconf last wrote or read")
+    elif c["readback"] is not None:
         add("readback:     " + (
             "yes: windows and status() act on what torch holds"
             if c["readback"] else
