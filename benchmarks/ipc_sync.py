@@ -21,6 +21,10 @@ engine's load_weights does.
               (--branches N: the parallel lanes of its copies' CUDA
               graph, Writer.BRANCHES; and of the transfer receiver's
               bound copies, Receiver.BRANCHES)
+  transfer-no-NAME
+              transfer with one of the Sender's mechanisms turned off
+              (MECHANISMS below: replay, early, graph, guard, plan,
+              hold, runs), to weigh it against transfer in one run
   (one-by-one, pack and transfer copy the weights twice: into classic
   memory, out of it; direct and one-copy once)
 
@@ -121,6 +125,30 @@ if ENGINE_SEES not in ("device", "event"):
 #: copy into classic memory first.
 COPIES = {"direct": 1, "one-by-one": 2, "pack": 2, "transfer": 2,
           "one-copy": 1}
+#: The Sender's mechanisms that "transfer-no-NAME" turns off, one at a
+#: time, to weigh each against "transfer" in the same run (the one line
+#: each in docs/design.md says what it gained):
+#:   replay  a state dict sent again is checked as a whole and its kept
+#:           buckets replayed (every sync walks its tensors one by one
+#:           instead, following the plan, its copies found again by
+#:           their sources' addresses)
+#:   early   the first bucket's kept copies are queued before the check
+#:           (the check runs first instead)
+#:   graph   kept copies are replayed from a CUDA graph (launched
+#:           eagerly instead)
+#:   guard   the check by torch's one-call address check and guard (a
+#:           Python call per tensor instead)
+#:   plan    a known plan is not sent (every message carries its entries)
+#:   hold    messages are held until the sync's copies are queued (each
+#:           is put as its bucket is packed instead)
+#:   runs    contiguous pieces copied by one cat / split_with_sizes_copy
+#:           (a _foreach_copy_ over them instead)
+MECHANISMS = ("replay", "early", "graph", "guard", "plan", "hold", "runs")
+for _m in MECHANISMS:
+    COPIES[f"transfer-no-{_m}"] = 2
+for _a in ONLY:
+    if _a not in COPIES:
+        raise SystemExit(f"--only: {_a!r} is none of {', '.join(COPIES)}")
 
 
 def channels(ctx: Any) -> Any:
@@ -326,14 +354,18 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
         state["trainer"] = time.perf_counter()
     else:
         from allocconf.transfer import Sender
+        off = approach[len("transfer-no-"):] if approach != "transfer" else ""
         if "sender" not in state:
             state["sender"] = Sender(CAPACITY_MIB << 20, buffers=BUFFERS,
                                      timeout=600)
             state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
+            without(off, state["sender"])
         sender = state["sender"]
+        if off == "replay":
+            sender._kept = None  # nothing kept: tensor by tensor
         channel.put(("transfer", None))
         t0 = time.perf_counter()
-        sender.sync(state["named"], channel, wait=False)
+        send(sender, state["named"], channel, off)
         state.setdefault("sent", []).append(time.perf_counter() - t0)
         torch.cuda.current_stream().synchronize()
         state["trainer"] = time.perf_counter()
@@ -342,6 +374,61 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
     if approach == "direct":
         state["trainer"] = time.perf_counter()
     return got
+
+
+def without(mechanism: str, sender: Any) -> None:
+    """Turn `mechanism` (MECHANISMS) off in `sender`, through the
+    Sender's private parts: a measurement of them, not an API.  What is
+    turned off for the whole process ("guard", "runs") is turned on again
+    by restore()."""
+    from allocconf.transfer import _copies, _replay
+    if mechanism == "early":
+        sender._kept_program = lambda *args: False
+    elif mechanism == "graph":
+        sender._device.graph = None  # Program(..., capture=None): eager
+    elif mechanism == "guard":
+        _replay.PTRS_EQUAL = None
+        _replay.TENSOR_GUARDS = None
+    elif mechanism == "plan":
+        message = sender._message
+
+        def unknown(s: Any, last: bool, p: Any) -> Any:
+            p.known = False  # the receiver is sent the entries again
+            return message(s, last, p)
+        sender._message = unknown
+    elif mechanism == "runs":
+        _copies.Program.RUNS = False
+
+
+def send(sender: Any, named: Dict[str, torch.Tensor], channel: Any,
+         off: str) -> None:
+    """``sender.sync(named, channel, wait=False)``; with `off` "hold",
+    without holding the messages: each put as its bucket is packed (what
+    Sender.send yields)."""
+    if off != "hold":
+        sender.sync(named, channel, wait=False)
+        return
+    get = sender._acks_from(channel, None)
+    for msg in sender.send(named, receive_ack=get):
+        channel.put(msg)
+
+
+def restore() -> None:
+    """Undo what without() changed for the whole process."""
+    from allocconf.transfer import _copies, _replay
+    _replay.PTRS_EQUAL = PROCESS_WIDE["PTRS_EQUAL"]
+    _replay.TENSOR_GUARDS = PROCESS_WIDE["TENSOR_GUARDS"]
+    _copies.Program.RUNS = PROCESS_WIDE["RUNS"]
+
+
+def _process_wide() -> Dict[str, Any]:
+    from allocconf.transfer import _copies, _replay
+    return {"PTRS_EQUAL": _replay.PTRS_EQUAL,
+            "TENSOR_GUARDS": _replay.TENSOR_GUARDS,
+            "RUNS": _copies.Program.RUNS}
+
+
+PROCESS_WIDE = _process_wide()
 
 
 def answer(channel: Any) -> Any:
@@ -381,10 +468,11 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         if got is not True:
             ok = got if isinstance(got, str) else False
             break
-    if "sent" in state:
-        print(f"  transfer: sync(wait=False) returned after "
-              f"{median(state['sent'][1:]) * 1e3:.3f} ms (median)",
-              flush=True)
+    sent_ms = (median(state["sent"][1:]) * 1e3
+               if len(state.get("sent", ())) > 1 else None)
+    if sent_ms is not None:
+        print(f"  {approach}: sync(wait=False) returned after "
+              f"{sent_ms:.3f} ms (median)", flush=True)
     extra = torch.cuda.memory_allocated() - allocated0
     # An engine that failed has exited: over pipes, telling it fails too.
     with contextlib.suppress(RuntimeError):
@@ -411,12 +499,14 @@ def run(approach: str, weights: List[torch.Tensor]) -> Dict[str, Any]:
         "warm_all_ms": [t * 1e3 for t in times[1:]],
         "trainer_ms": (median(trainer[1:]) * 1e3 if len(trainer) > 1
                        else None),
+        "sent_ms": sent_ms,  # transfer: the trainer's host time
         "extra_gib": extra / GiB,
         "correct": ok,
         "shared_ipc_capable": (True if first is None
                                else allocconf.ipc_capable(first)),
     }
     del state, shared, first
+    restore()
     torch.cuda.empty_cache()
     return result
 
@@ -442,6 +532,7 @@ def main() -> None:
           f"(one _foreach_copy_ of them into a flat buffer: "
           f"{foreach_ms:.1f} ms)", flush=True)
     results: Dict[str, Any] = {}
+    width = max(11, *map(len, ONLY))
     for approach in ONLY:
         r = run(approach, weights)
         r["copies"] = COPIES[approach]
@@ -450,14 +541,16 @@ def main() -> None:
             r["warm_over_own_floor"] = r["warm_ms"] / (limit_ms
                                                        * r["copies"])
             r["trainer_over_copy_limit"] = r["trainer_ms"] / limit_ms
-        results[approach] = r
+        # An approach named twice (a drift check): both kept, in order.
+        results[approach if approach not in results
+                else f"{approach}#{len(results)}"] = r
         warm = (f"warm {r['warm_ms']:8.1f} ms (median of {WARM}, "
                 f"{r['warm_over_copy_limit']:.2f}x one copy, "
                 f"{r['warm_over_own_floor']:.2f}x its {r['copies']}), "
                 f"trainer {r['trainer_ms']:.2f} ms "
                 f"({r['trainer_over_copy_limit']:.2f}x one copy)"
                 if r["warm_ms"] is not None else "no warm sync")
-        print(f"{approach:<11} cold {r['cold_ms']:9.1f} ms, {warm}, extra "
+        print(f"{approach:<{width}} cold {r['cold_ms']:9.1f} ms, {warm}, extra "
               f"memory {r['extra_gib']:.2f} GiB, correct {r['correct']}, "
               f"shared memory classic-IPC capable "
               f"{r['shared_ipc_capable']}", flush=True)
