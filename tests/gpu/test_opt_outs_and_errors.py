@@ -52,6 +52,32 @@ def test_cuda_malloc_async_no_write_no_crash():
     assert out["status"]["expandable_segments"] is None
 
 
+@pytest.mark.parametrize("cuda_first", [False, True])
+def test_configure_under_cuda_malloc_async_writes_the_backend_torch_runs(
+        cuda_first):
+    # configure() writes the user's backend key with the new settings:
+    # torch refuses a backend other than the one it loaded, and takes the
+    # same one, before and after CUDA is initialised.
+    out = run_json("""
+        from helpers import recorder; recorder.install()
+        import allocconf, torch
+        if CUDA_FIRST:
+            torch.empty(1, device="cuda")
+        ret = allocconf.configure(garbage_collection_threshold=0.5)
+        t = torch.ones(1 << 20, device="cuda")
+        print(json.dumps({
+            "ret": ret, "calls": recorder.CALLS, "live": recorder.live(),
+            "backend": torch.cuda.get_allocator_backend(),
+            "sum": float(t.sum())}))
+    """.replace("CUDA_FIRST", str(cuda_first)),
+        env={"PYTORCH_CUDA_ALLOC_CONF":
+             "backend:cudaMallocAsync,max_split_size_mb:64"})
+    want = ("backend:cudaMallocAsync,max_split_size_mb:64,"
+            "garbage_collection_threshold:0.5")
+    assert out == {"ret": want, "calls": [want], "live": want,
+                   "backend": "cudaMallocAsync", "sum": float(1 << 20)}
+
+
 def test_malformed_variable_warns_with_key_and_offset_and_writes_nothing():
     out = run_json("""
         from helpers import recorder; recorder.install()
