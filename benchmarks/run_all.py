@@ -23,11 +23,17 @@ import tempfile
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(sys.path[0], "transfer"))  # plot_ipc_sync
 
 from common import HERE, machine, out_dir_arg  # noqa: E402
 
 ORDER = ["window_cost", "import_cost", "fragmentation", "copy_methods",
          "ipc_sync", "configure_scale"]
+# Where each lives: core/ (the allocator, windows, import, configure()) or
+# transfer/ (allocconf.transfer, weight sync).
+FOLDER = {"window_cost": "core", "import_cost": "core",
+          "fragmentation": "core", "copy_methods": "transfer",
+          "ipc_sync": "transfer", "configure_scale": "core"}
 # Runs of one script with its arguments, each with its own name.
 VARIANTS = {"ipc_sync": {"ipc_sync_uniform": ["--model", "uniform"],
                          "ipc_sync_llama8b": ["--model", "llama8b"],
@@ -41,7 +47,8 @@ IPC_SYNC = ("ipc_sync_uniform", "ipc_sync_llama8b", "ipc_sync_uniform_nobody")
 
 def run(name: str, out: str, extra: List[str]) -> str:
     """Run benchmark `name` (each of its variants in turn); its output."""
-    cmd = [sys.executable, os.path.join(HERE, f"{name}.py"), "--out", out]
+    script = os.path.join(HERE, FOLDER[name], f"{name}.py")
+    cmd = [sys.executable, script, "--out", out]
     return "".join(run_cmd(cmd + args, extra)
                    for args in VARIANTS.get(name, {name: []}).values())
 

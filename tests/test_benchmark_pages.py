@@ -11,7 +11,8 @@ import xml.dom.minidom
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path[:0] = [os.path.join(ROOT, "benchmarks"),
+                os.path.join(ROOT, "benchmarks", "transfer")]
 
 import run_all  # noqa: E402
 from plot_ipc_sync import svg  # noqa: E402
@@ -83,7 +84,7 @@ def test_the_plot_script_says_how_to_use_it(argv, monkeypatch):
 
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match="Usage: python benchmarks/"
-                       "plot_ipc_sync.py OUT.svg RESULT.json"):
+                       "transfer/plot_ipc_sync.py OUT.svg RESULT.json"):
         plot_ipc_sync.main()
 
 

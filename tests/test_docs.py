@@ -235,8 +235,9 @@ def test_every_relative_link_of_a_page_leads_to_a_file():
 def test_the_readme_says_why_the_ray_test_may_skip():
     readme = " ".join(_read(os.path.join(ROOT, "README.md")).split())
     assert "Ray is not in the test extras" in readme
-    assert "`tests/test_transfer_ray.py` skips without it" in readme
+    assert "`tests/transfer/test_transfer_ray.py` skips without it" in readme
     assert "`pip install ray`" in readme
     # ... and the test's skip says the same.
-    ray_test = _read(os.path.join(TESTS_DIR, "test_transfer_ray.py"))
+    ray_test = _read(os.path.join(TESTS_DIR, "transfer",
+                                  "test_transfer_ray.py"))
     assert 'importorskip("ray"' in ray_test

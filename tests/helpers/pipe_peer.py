@@ -1,5 +1,6 @@
-"""Peers in child processes for tests/test_transfer_channel.py: each takes
-the child's end of a Channel.pipes() channel as its Process argument."""
+"""Peers in child processes for tests/transfer/test_transfer_channel.py:
+each takes the child's end of a Channel.pipes() channel as its Process
+argument."""
 import os
 
 

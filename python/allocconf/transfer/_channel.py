@@ -158,7 +158,7 @@ class Channel:
         and written in the caller's thread, so it leaves at once: a
         ``multiprocessing`` queue hands it to a feeder thread, which
         waits for the GIL while the caller runs Python (its bytes can
-        arrive milliseconds late; benchmarks/channel_latency.py).  A
+        arrive milliseconds late; benchmarks/transfer/channel_latency.py).  A
         write waits at most `timeout` seconds for the peer to make room
         (a message over the pipe's 64 KiB waits for the peer to read it);
         a peer that exited, its end closed, raises TransferError at once

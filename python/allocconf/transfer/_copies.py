@@ -31,7 +31,7 @@ class Program:
       ``torch.split_with_sizes_copy(out=)`` (the gaps into a sink).  Both
       kernels copy near memcpy speed where ``_foreach_copy_`` reaches
       two thirds of it and a ``copy_`` per tensor is bound by its launch
-      (benchmarks/copy_methods.py, docs/benchmarks.md).  A run of one
+      (benchmarks/transfer/copy_methods.py, docs/benchmarks.md).  A run of one
       piece is a ``copy_`` (a memcpy).
     * A piece that does not tile as int64 goes in one ``_foreach_copy_``
       as the widest integers that tile it, never as its dtype: that

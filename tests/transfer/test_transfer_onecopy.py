@@ -5,7 +5,8 @@ copy, the faults (a failure part-way, a silent peer, a stale map, close),
 and the copies themselves (bit for bit, casts as Tensor.to).  The host
 stand-in (allocconf.transfer.testing) makes storages CPU tensors of
 this process and logs each record, wait and stream step; the GPU tests
-(tests/gpu/test_onecopy_gpu.py) prove the real thing across processes."""
+(tests/gpu/transfer/test_onecopy_gpu.py) prove the real thing across
+processes."""
 import os
 import pickle
 import queue

@@ -1,6 +1,6 @@
-"""The weight-sync sweep: benchmarks/ipc_sync.py at every size in one
-session, each approach in each run (512 bf16 tensors of 0.1, 0.5, 1, 2, 8
-and 16 GiB in all, then the llama8b layout), and a table of what it
+"""The weight-sync sweep: benchmarks/transfer/ipc_sync.py at every size in
+one session, each approach in each run (512 bf16 tensors of 0.1, 0.5, 1,
+2, 8 and 16 GiB in all, then the llama8b layout), and a table of what it
 measured: each approach's warm sync, the transfer's against two device
 copies of the same bytes at the bandwidth measured in that run, what
 the trainer waits for against one copy, and the one-copy mode's against
@@ -14,11 +14,11 @@ ordered by size (llama8b last), one table and one plot, as one sweep
 would have written them.  Parts measured on other GPUs or torch builds
 are refused: their figures do not belong in one table.
 
-Usage: python benchmarks/ipc_sweep.py [--out DIR] [--warm N]
+Usage: python benchmarks/transfer/ipc_sweep.py [--out DIR] [--warm N]
            [--sizes 0.1,0.5,...] [--no-llama] [--only a,b]
            [--channel queues|pipes] [--engine-sees device|event]
            (the last two passed to ipc_sync.py)
-       python benchmarks/ipc_sweep.py --out DIR --merge A.json B.json ...
+       python benchmarks/transfer/ipc_sweep.py --out DIR --merge A.json ...
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ import subprocess
 import sys
 from typing import Any, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # its folder, and common.py's
 
-from common import HERE, machine, option, out_dir_arg, save  # noqa: E402
+from common import machine, option, out_dir_arg, save  # noqa: E402
 from plot_ipc_sync import svg  # noqa: E402
 
 SIZES = "0.1,0.5,1,2,8,16"

@@ -8,7 +8,7 @@ parse(): the time per key stays flat as N goes from 5,000 to 40,000
 (0.1.0 merged key by key: 4.5 s at 40,000 keys).  Prints a table; writes
 configure_scale.json.
 
-Usage: python benchmarks/configure_scale.py [--out DIR] [--quick]
+Usage: python benchmarks/core/configure_scale.py [--out DIR] [--quick]
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 from common import machine, out_dir_arg, save  # noqa: E402
 

@@ -1,9 +1,9 @@
-"""The benchmarks page's plot of benchmarks/ipc_sync.py: warm sync time of
-each approach, per model, against the time the device needs to copy the
-weights once (dashed) and twice (dotted: the floor of any approach that
-stages through classic memory).  Plain SVG, no plotting library.
+"""The benchmarks page's plot of benchmarks/transfer/ipc_sync.py: warm sync
+time of each approach, per model, against the time the device needs to
+copy the weights once (dashed) and twice (dotted: the floor of any
+approach that stages through classic memory).  Plain SVG, no plotting library.
 
-Usage: python benchmarks/plot_ipc_sync.py OUT.svg RESULT.json [...]
+Usage: python benchmarks/transfer/plot_ipc_sync.py OUT.svg RESULT.json [...]
        (RESULT: ipc_sync_uniform.json, ipc_sync_llama8b.json)
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def svg(records: List[Dict[str, Any]]) -> str:
     out.append(f'<text x="{LEFT}" y="{height - 12}" fill="#555">'
                f'{escape(records[0]["machine"].get("gpu", ""))}, torch '
                f'{escape(str(records[0]["machine"].get("torch")))}; '
-               f'benchmarks/ipc_sync.py</text>')
+               f'benchmarks/transfer/ipc_sync.py</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

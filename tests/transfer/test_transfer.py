@@ -1,8 +1,8 @@
 """allocconf.transfer without a GPU: the layout, the packing and loading
 with CPU buffers in one process (allocconf.transfer.testing stands in for
 CUDA IPC and its events), the acknowledgement protocol, messages that
-pickle, and clear errors.  tests/gpu/test_transfer_gpu.py runs sender and
-receiver in two processes on a GPU."""
+pickle, and clear errors.  tests/gpu/transfer/test_transfer_gpu.py runs
+sender and receiver in two processes on a GPU."""
 import pickle
 
 import pytest

@@ -20,7 +20,7 @@ No GPU needed: this is host latency only.  Prints, per kind of work,
 busy time and channel, the median one-way latency (of --count messages, after 20 warm-up
 ones) and writes channel_latency.json.
 
-Usage: python benchmarks/channel_latency.py [--out DIR] [--count N]
+Usage: python benchmarks/transfer/channel_latency.py [--out DIR] [--count N]
            [--busy 0,300,2000]
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402  (torch's reductions)

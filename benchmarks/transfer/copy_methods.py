@@ -31,7 +31,7 @@ copied once, compared), then timed: median of 5 after one warm-up, each
 between two device synchronisations; "launch" is the host's time to
 queue it.  GB/s counts the bytes copied.  Writes copy_methods.json.
 
-Usage: python benchmarks/copy_methods.py [--out DIR]
+Usage: python benchmarks/transfer/copy_methods.py [--out DIR]
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 import allocconf  # noqa: E402  (the weights in expandable segments)
 import torch  # noqa: E402

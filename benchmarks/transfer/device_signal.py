@@ -31,7 +31,7 @@ copies at the bandwidth measured in the run, and writes
 device_signal.json.  Written 2026-12-07 without a GPU to run it on: its
 first run is its test.
 
-Usage: python benchmarks/device_signal.py [--out DIR] [--gib 0.1,1,2]
+Usage: python benchmarks/transfer/device_signal.py [--out DIR] [--gib 0.1,1,2]
            [--warm N] [--timeout S]
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ import time
 from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402  (torch's reductions)

@@ -16,7 +16,7 @@ Memory: 1,000 windows, each allocating and freeing one tensor of 32 to
 what the device gave the window's memory (opener: status().pool_bytes;
 process: torch.cuda.memory_reserved() growth) after the 1,000.
 
-Usage: python benchmarks/scoped_window.py [--out DIR] [--quick]
+Usage: python benchmarks/core/scoped_window.py [--out DIR] [--quick]
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 import allocconf  # noqa: E402  (before torch, as users do)
 import torch  # noqa: E402

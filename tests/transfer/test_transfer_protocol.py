@@ -4,7 +4,7 @@ split across buckets reassembled, the sender's GPU found by UUID, casts,
 one call a sync over a channel, and the faults (a silent receiver, a
 receiver that cannot take a bucket, aborts, restarts, close).  The host
 stand-in (allocconf.transfer.testing) logs what the CUDA path would
-do; tests/gpu/test_transfer_gpu.py runs the real thing."""
+do; tests/gpu/transfer/test_transfer_gpu.py runs the real thing."""
 import os
 import pickle
 import queue

@@ -11,7 +11,7 @@ compared with the eager op's.  Prints the wrong replays (of 40) and the
 host time to launch each op eagerly and as a replay (median of 20).
 An empirical check, not a proof: read the kernels' source too.
 
-Usage: python benchmarks/graph_safety.py
+Usage: python benchmarks/transfer/graph_safety.py
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Callable, List, Tuple
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 from common import median  # noqa: E402
 

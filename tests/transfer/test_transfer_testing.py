@@ -2,8 +2,9 @@
 wiring (threads, their queues, their load_weights) syncs bit-exact on a
 CPU through the public API alone, and the faults it injects (a silent
 peer, a dead one) fail the way a real one does: after the timeout, or at
-once.  (Processes: tests/test_transfer_channel.py and
-tests/test_transfer_ray.py run engines on it in children and actors.)"""
+once.  (Processes: tests/transfer/test_transfer_channel.py and
+tests/transfer/test_transfer_ray.py run engines on it in children and
+actors.)"""
 import os
 import queue
 import sys

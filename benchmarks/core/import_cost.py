@@ -6,7 +6,7 @@ Whole processes, measured side by side and interleaved:
 Target: at most 2 ms more at the median for the first pair.  Prints the
 medians and the differences; writes import_cost.json.
 
-Usage: python benchmarks/import_cost.py [--out DIR] [--quick]
+Usage: python benchmarks/core/import_cost.py [--out DIR] [--quick]
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import time
 from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 from common import machine, median, out_dir_arg, save  # noqa: E402
 

@@ -24,7 +24,7 @@ the import-order variants; the max_split variants show what the user's
 max_split_size_mb does next to expandable segments).  Writes fragmentation.json and
 fragmentation.png (reserved and allocated against step, off and on).
 
-Usage: python benchmarks/fragmentation.py [--out DIR]
+Usage: python benchmarks/core/fragmentation.py [--out DIR]
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import sys
 from typing import Any, Dict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 from common import machine, out_dir_arg, save  # noqa: E402
 

@@ -65,7 +65,7 @@ its GPU N.
 Every message between the two processes, the approaches' own and the
 harness's commands and answers, goes over one allocconf.transfer
 Channel: over pipes by default (--channel pipes, Channel.pipes(): no
-feeder thread; benchmarks/channel_latency.py), or two multiprocessing
+feeder thread; benchmarks/transfer/channel_latency.py), or two multiprocessing
 queues (--channel queues, as the sweep of 2026-12-04 was measured).
 
 How the one-copy engine knows its weights hold the sync: by default
@@ -75,7 +75,7 @@ approach synchronises after its copies; with --engine-sees event it
 waits on the host for the trainer's event itself (the copies into its
 weights done), its stream's wait queued all the same (Targets.accept).
 
-Usage: python benchmarks/ipc_sync.py [--out DIR] [--gib N] [--count N]
+Usage: python benchmarks/transfer/ipc_sync.py [--out DIR] [--gib N] [--count N]
            [--warm N] [--model uniform|llama8b] [--only a,b]
            [--capacity MIB] [--buffers N] [--branches N] [--as-nobody]
            [--receiver-device N] [--channel queues|pipes]
@@ -91,6 +91,7 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 import allocconf  # noqa: E402  (expandable segments on, as in training)
 import torch  # noqa: E402

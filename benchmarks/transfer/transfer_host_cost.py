@@ -19,8 +19,8 @@ printed; the files are then named ..._{gib}_one-copy.json.  For either
 mode it ends with the timeline of a warm sync: when each timed step
 began and ended on both sides, and when the trainer's copies ran.
 
-Usage: python benchmarks/transfer_host_cost.py [GIB [APPROACH]]
-       python benchmarks/transfer_host_cost.py --round-trips
+Usage: python benchmarks/transfer/transfer_host_cost.py [GIB [APPROACH]]
+       python benchmarks/transfer/transfer_host_cost.py --round-trips
        (OUT: $OUT, else .)
 """
 from __future__ import annotations

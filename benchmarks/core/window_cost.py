@@ -19,7 +19,7 @@ allocconf's strings are precomputed).  Targets: window/bare_read <= 1.5
 (and window/bare <= 2.0), flat in the number of tensors.  Prints a
 table; writes window_cost.json and, with matplotlib, window_cost.png.
 
-Usage: python benchmarks/window_cost.py [--out DIR] [--quick]
+Usage: python benchmarks/core/window_cost.py [--out DIR] [--quick]
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 import allocconf  # noqa: E402  (before torch, as users do)
 import torch  # noqa: E402

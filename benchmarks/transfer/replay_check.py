@@ -11,7 +11,7 @@ dtypes, shapes and strides tensor by tensor (the exact check, the first
 replay's); torch's TensorGuards over them in one call (later replays').
 Medians of interleaved rounds, microseconds per check.
 
-Usage: python benchmarks/replay_check.py [--tensors N] [--out DIR]
+Usage: python benchmarks/transfer/replay_check.py [--tensors N] [--out DIR]
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(sys.path[0]))  # benchmarks/: common.py
 
 from common import interleaved, machine, option, out_dir_arg, save  # noqa: E402
 
