@@ -164,3 +164,11 @@ def test_a_merge_refuses_parts_that_are_not_one_sweep(tmp_path, monkeypatch,
     with pytest.raises(SystemExit, match=match):
         ipc_sweep.main()
     assert not out.exists()  # nothing half-written
+
+
+def test_every_script_run_all_runs_is_where_it_looks():
+    # run_all.py finds each script in its folder (core/ or transfer/): a
+    # script moved or renamed must fail here, not after a GPU run.
+    for name, folder in run_all.FOLDER.items():
+        assert os.path.isfile(os.path.join(ROOT, "benchmarks", folder,
+                                           f"{name}.py")), name
