@@ -440,15 +440,15 @@ ac_scope_reason_locked(const ac_state *st)
 PyObject *
 ac_pool_bytes_locked(const ac_state *st)
 {
-    unsigned long long seen = 0;
-    size_t i, total = 0;
+    /* Every device's count, not only the pools' of now: memory still in
+     * use when release_pools() ended its pool is held until it is freed
+     * (and empty_cache() runs). */
+    size_t total = 0;
+    int device;
 
-    for (i = 0; i < st->n_pools; i++) {
-        int device = st->pool_slots[i].device;
-        if (device < AC_MAX_DEVICES && !(seen & (1ULL << device))) {
-            seen |= 1ULL << device;
-            total += cu_pool_bytes(device);
-        }
+    (void)st;
+    for (device = 0; device < AC_MAX_DEVICES; device++) {
+        total += cu_pool_bytes(device);
     }
     return PyLong_FromSize_t(total);
 }
