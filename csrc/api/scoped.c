@@ -437,22 +437,6 @@ ac_scope_reason_locked(const ac_state *st)
         "for the whole process until it is");
 }
 
-PyObject *
-ac_pool_bytes_locked(const ac_state *st)
-{
-    /* Every device's count, not only the pools' of now: memory still in
-     * use when release_pools() ended its pool is held until it is freed
-     * (and empty_cache() runs). */
-    size_t total = 0;
-    int device;
-
-    (void)st;
-    for (device = 0; device < AC_MAX_DEVICES; device++) {
-        total += cu_pool_bytes(device);
-    }
-    return PyLong_FromSize_t(total);
-}
-
 Py_ssize_t
 ac_routed_locked(const ac_state *st)
 {

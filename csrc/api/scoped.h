@@ -26,11 +26,9 @@ int ac_set_pools(ac_state *st, PyObject *api, PyObject *why);
 int ac_release_pools(ac_state *st);
 
 /* With the lock: the scope windows take now ("opener" or "process") and
- * why, as new strs, and the bytes of device memory allocconf's pools
- * hold, on all devices, as a new int; NULL with an exception set. */
+ * why, as new strs; NULL with an exception set. */
 PyObject *ac_scope_locked(const ac_state *st);
 PyObject *ac_scope_reason_locked(const ac_state *st);
-PyObject *ac_pool_bytes_locked(const ac_state *st);
 
 /* With the lock: the windows of the opener's scope open in all threads
  * that route (those held process-wide count in st->n_off). */

@@ -5,6 +5,7 @@
  */
 #include "api/status.h"
 #include "api/scoped.h"
+#include "driver/alloc.h"
 #include "state/environ.h"
 #include "state/layers.h"
 #include "torchio/torch.h"
@@ -286,7 +287,7 @@ ac_status(ac_state *st)
             PyLong_FromSsize_t(st->n_off + st->n_on + ac_routed_locked(st));
         PyObject *scope = ac_scope_locked(st);
         PyObject *scope_why = ac_scope_reason_locked(st);
-        PyObject *pool_bytes = ac_pool_bytes_locked(st);
+        PyObject *pool_bytes = PyLong_FromSize_t(cu_pool_bytes());
         PyObject *advice = advice_locked(st);
         PyObject *keys = PyDict_Keys(st->neighbours);
         PyObject *neighbours = keys ? PyList_AsTuple(keys) : NULL;

@@ -175,9 +175,15 @@ allocconf_pool_free(void *ptr, size_t size, int device, void *stream)
 }
 
 size_t
-cu_pool_bytes(int device)
+cu_pool_bytes(void)
 {
-    return counted(device) ? atomic_load(&held_bytes[device]) : 0;
+    size_t total = 0;
+    int device;
+
+    for (device = 0; device < AC_MAX_DEVICES; device++) {
+        total += atomic_load(&held_bytes[device]);
+    }
+    return total;
 }
 
 unsigned long long
@@ -224,9 +230,8 @@ allocconf_pool_free(void *ptr, size_t size, int device, void *stream)
 }
 
 size_t
-cu_pool_bytes(int device)
+cu_pool_bytes(void)
 {
-    (void)device;
     return 0;
 }
 

@@ -37,8 +37,10 @@ AC_EXPORT void *allocconf_pool_malloc(size_t size, int device, void *stream);
 AC_EXPORT void allocconf_pool_free(void *ptr, size_t size, int device,
                                    void *stream);
 
-/* The bytes the two functions hold on `device` (allocated, not freed). */
-size_t cu_pool_bytes(int device);
+/* The bytes the two functions hold, on all devices (allocated, not
+ * freed): memory of a pool release_pools() ended stays counted until
+ * it is freed. */
+size_t cu_pool_bytes(void);
 
 /* The devices whose primary context is active (torch has used them), as
  * a bit mask of the first AC_MAX_DEVICES, asked of the driver without
