@@ -362,8 +362,6 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
             state["named"] = {f"w{i}": w for i, w in enumerate(weights)}
             without(off, state["sender"])
         sender = state["sender"]
-        if off == "replay":
-            sender._kept = None  # nothing kept: tensor by tensor
         channel.put(("transfer", None))
         t0 = time.perf_counter()
         send(sender, state["named"], channel, off)
@@ -383,7 +381,14 @@ def without(mechanism: str, sender: Any) -> None:
     turned off for the whole process ("guard", "runs") is turned on again
     by restore()."""
     from allocconf.transfer import _copies, _replay
-    if mechanism == "early":
+    if mechanism == "replay":
+        original = sender.send  # Sender.sync sends through self.send
+
+        def afresh(*args: Any, **kwargs: Any) -> Any:
+            sender._kept = None  # nothing kept: tensor by tensor
+            return original(*args, **kwargs)
+        sender.send = afresh
+    elif mechanism == "early":
         sender._kept_program = lambda *args: False
     elif mechanism == "graph":
         sender._device.graph = None  # Program(..., capture=None): eager

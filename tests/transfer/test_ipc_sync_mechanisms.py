@@ -82,14 +82,11 @@ def three_syncs(ipc_sync, off):
     thread = threading.Thread(target=lambda: served.extend(
         receiver.serve(engine_end, timeout=30).complete for _ in range(3)))
     thread.start()
-    equal = []
     try:
         _copies.Program.run, _replay.Sources.still = run, check
         for n in range(3):
             for v in named.values():
                 v.add_(1)
-            if off == "replay":
-                sender._kept = None
             if n == 1:
                 order.clear()
             if n == 2:
