@@ -24,7 +24,7 @@ engine's load_weights does.
   transfer-no-NAME
               transfer with one of the Sender's mechanisms turned off
               (MECHANISMS below: replay, early, graph, guard, plan,
-              hold, runs), to weigh it against transfer in one run
+              runs), to weigh it against transfer in one run
   (one-by-one, pack and transfer copy the weights twice: into classic
   memory, out of it; direct and one-copy once)
 
@@ -140,11 +140,9 @@ COPIES = {"direct": 1, "one-by-one": 2, "pack": 2, "transfer": 2,
 #:   guard   the check by torch's one-call address check and guard (a
 #:           Python call per tensor instead)
 #:   plan    a known plan is not sent (every message carries its entries)
-#:   hold    messages are held until the sync's copies are queued (each
-#:           is put as its bucket is packed instead)
 #:   runs    contiguous pieces copied by one cat / split_with_sizes_copy
 #:           (a _foreach_copy_ over them instead)
-MECHANISMS = ("replay", "early", "graph", "guard", "plan", "hold", "runs")
+MECHANISMS = ("replay", "early", "graph", "guard", "plan", "runs")
 for _m in MECHANISMS:
     COPIES[f"transfer-no-{_m}"] = 2
 for _a in ONLY:
@@ -364,7 +362,7 @@ def one_sync(approach: str, weights: List[torch.Tensor], state: Dict[str, Any],
         sender = state["sender"]
         channel.put(("transfer", None))
         t0 = time.perf_counter()
-        send(sender, state["named"], channel, off)
+        sender.sync(state["named"], channel, wait=False)
         state.setdefault("sent", []).append(time.perf_counter() - t0)
         torch.cuda.current_stream().synchronize()
         state["trainer"] = time.perf_counter()
@@ -404,19 +402,6 @@ def without(mechanism: str, sender: Any) -> None:
         sender._message = unknown
     elif mechanism == "runs":
         _copies.Program.RUNS = False
-
-
-def send(sender: Any, named: Dict[str, torch.Tensor], channel: Any,
-         off: str) -> None:
-    """``sender.sync(named, channel, wait=False)``; with `off` "hold",
-    without holding the messages: each put as its bucket is packed (what
-    Sender.send yields)."""
-    if off != "hold":
-        sender.sync(named, channel, wait=False)
-        return
-    get = sender._acks_from(channel, None)
-    for msg in sender.send(named, receive_ack=get):
-        channel.put(msg)
 
 
 def restore() -> None:

@@ -23,8 +23,8 @@ import torch  # noqa: E402
 
 from allocconf import transfer  # noqa: E402
 from allocconf.transfer import _copies  # noqa: E402
-from allocconf.transfer import (Channel, Receiver, Sender,  # noqa: E402
-                                TransferError)
+from allocconf.transfer import (Bucket, Channel, Receiver,  # noqa: E402
+                                Sender, TransferError)
 from allocconf.transfer.testing import HostDevice  # noqa: E402
 
 
@@ -509,7 +509,8 @@ class Logged(Channel):
         self.log = log
 
     def put(self, obj):
-        self.log.append(("put", getattr(obj, "seq", obj)))
+        self.log.append(("put", obj.seq, obj.buffer) if isinstance(
+            obj, Bucket) else ("put", obj))
         super().put(obj)
 
 
@@ -528,45 +529,28 @@ def synced(sender, receiver, src, buffers_log, dst=None):
     return sent
 
 
-def test_a_sync_that_fits_its_buffers_is_put_after_its_last_copy():
-    sender, receiver, log = pair(1024, buffers=4)
-    src = weights(n=6, size=100)  # 3 buckets, 4 buffers: it fits
-    dst = {k: torch.zeros_like(v) for k, v in src.items()}
-    del log[:]
-    assert synced(sender, receiver, src, log, dst) == 3
-    events = [bytes(e) for e, _ in sender._events]
-    trainer = [op for op in log if op[0] in ("put", "record")
-               and (op[0] == "put" or op[1] in events)]
-    # Each bucket's copies and event, then the first two buckets' events
-    # recorded again after the last bucket's copies, then the messages:
-    # the engine's reads wait for every copy of the sync.
-    assert trainer == [("record", events[0]), ("record", events[1]),
-                       ("record", events[2]),
-                       ("record", events[0]), ("record", events[1]),
-                       ("put", 0), ("put", 1), ("put", 2)]
-    assert all(same_bits(src[k], dst[k]) for k in src)
-
-
-def test_a_sync_larger_than_its_buffers_puts_before_it_waits_for_an_ack():
-    sender, receiver, log = pair(1024, buffers=2)
-    src = weights(n=8, size=100)  # 4 buckets through 2 buffers
+@pytest.mark.parametrize("buffers, buckets", [(4, 3), (2, 4)])
+def test_each_bucket_is_put_once_its_copies_are_queued(buffers, buckets):
+    # 3 buckets in 4 buffers (it fits), 4 through 2 (a buffer comes back
+    # before it is packed again): either way, each bucket's event is
+    # recorded after its copies and its message put at once, before the
+    # next bucket is packed, so that the engine reads it while the
+    # trainer packs the next and never waits on a message held back.
+    sender, receiver, log = pair(1024, buffers=buffers)
+    src = weights(n=2 * buckets, size=100)
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
     for step in range(2):
         for v in src.values():
             v.add_(1)
         del log[:]
-        assert synced(sender, receiver, src, log, dst) == 4  # no deadlock
-        e0, e1 = (bytes(e) for e, _ in sender._events)
+        assert synced(sender, receiver, src, log, dst) == buckets  # no deadlock
+        events = [bytes(e) for e, _ in sender._events]
         trainer = [op for op in log if op[0] == "put"
-                   or (op[0] == "record" and op[1] in (e0, e1))]
-        # What is held is put before each wait for an Ack: buckets 0 and
-        # 1 (bucket 0's event recorded again after bucket 1's copies)
-        # before bucket 2 needs buffer 0 back, bucket 2 before bucket 3
-        # needs buffer 1, bucket 3 at the end.
-        assert trainer == [("record", e0), ("record", e1), ("record", e0),
-                           ("put", 0), ("put", 1),
-                           ("record", e0), ("put", 2),
-                           ("record", e1), ("put", 3)], step
+                   or (op[0] == "record" and op[1] in events)]
+        puts = [op for op in trainer if op[0] == "put"]
+        assert [op[1] for op in puts] == list(range(buckets)), step
+        assert trainer == [op for put in puts for op in (
+            ("record", events[put[2]]), put)], step
         assert all(same_bits(src[k], dst[k]) for k in src), step
 
 

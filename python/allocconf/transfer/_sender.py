@@ -430,38 +430,17 @@ class Sender:
         at once (the GPU runs it after the copies out of its weights).
         The Acks are taken by the next sync, or by ``drain(channel)``.
 
-        The buckets' messages are put once the sync's copies are all
-        queued, or earlier where a buffer must come back from the
-        receiver first, and each says to wait for every copy queued
-        before it was put: where the sync fits the free buffers, the
-        engine's reads begin after the trainer's last copy instead of
-        sharing the GPU with it (two processes' kernels take turns on
-        one GPU), so the trainer may step after one copy of its weights
-        and the sync takes no longer (docs/design.md)."""
+        Each bucket's message is put as soon as its copies are queued,
+        and says to wait for them: the engine reads a bucket while the
+        trainer packs the next."""
         check_sync(tensors, channel)
         get = self._acks_from(channel, timeout)
-        held: List[Bucket] = []
-
-        def put_held() -> None:
-            # Each held message's event is recorded again, now, so that
-            # it waits for every copy queued before it is put.
-            for msg in held[:-1]:  # the last one's event is the latest
-                self._device.record(self._events[msg.buffer][0])
-            for msg in held:
-                channel.put(msg)
-            held.clear()
-
-        def receive_ack() -> Ack:
-            put_held()  # the receiver answers only what it was sent
-            return get()
-
         sent = 0
         try:
-            for msg in self.send(tensors, receive_ack=receive_ack,
-                                 cast=cast, eager=eager):
-                held.append(msg)
+            for msg in self.send(tensors, receive_ack=get, cast=cast,
+                                 eager=eager):
+                channel.put(msg)
                 sent += 1
-            put_held()
             if wait:
                 self.drain(get)
         except BaseException:
